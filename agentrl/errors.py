@@ -1,0 +1,66 @@
+"""The error tree.
+
+Two families, because they get opposite policies:
+
+* :class:`EpisodeError` is *data*: a bad episode (env exception, tool timeout,
+  malformed model output, context overflow) is recorded with its reason and the run
+  goes on.
+* :class:`InfraError` is *fatal*: the engine is dead, the store is broken, a weight
+  sync failed. The run stops loudly, with the store intact, and the message says what
+  to do next.
+
+Bad user input (a model path that is not a model, an invalid setting) raises
+:class:`ConfigError` before anything starts.
+"""
+
+from __future__ import annotations
+
+
+class AgentRLError(Exception):
+    """Base class of every error agentrl raises on purpose."""
+
+
+class ConfigError(AgentRLError, ValueError):
+    """Invalid user input: a setting, a path, a model. Raised before work starts."""
+
+
+class ModelNotFoundError(ConfigError):
+    """A model path or name that does not point at a loadable model."""
+
+
+class EpisodeError(AgentRLError):
+    """A failure that ends or changes one episode and is recorded as data."""
+
+
+class ContextOverflowError(EpisodeError):
+    """A prompt does not fit the model's context window.
+
+    Attributes:
+        prompt_tokens: length of the prompt that was refused.
+        max_model_len: the engine's context window.
+    """
+
+    def __init__(self, prompt_tokens: int, max_model_len: int) -> None:
+        super().__init__(
+            f"prompt has {prompt_tokens} tokens but the engine's context window "
+            f"(inference.max_model_len) is {max_model_len}; shorten the prompt or "
+            f"raise inference.max_model_len"
+        )
+        self.prompt_tokens = prompt_tokens
+        self.max_model_len = max_model_len
+
+
+class InfraError(AgentRLError):
+    """A failure of the infrastructure; fatal for the run."""
+
+
+class EngineError(InfraError):
+    """The inference engine failed, died, or could not be started."""
+
+
+class EngineStartupError(EngineError):
+    """An inference engine or server did not come up."""
+
+
+class WeightSyncError(InfraError):
+    """New weights could not be loaded into the inference engine."""

@@ -1,0 +1,287 @@
+"""The seam between agentrl and an inference engine: tokens in, tokens out.
+
+Owns the :class:`InferenceClient` protocol, the values that cross it
+(:class:`SamplingConfig`, :class:`Generation`), the engine settings
+(:class:`InferenceConfig`), and the in-flight bookkeeping both vLLM clients share
+(:class:`InflightRequests`). Never renders text or runs env logic.
+
+Every generation is in token ids: a prompt goes in as ids, the sampled ids come back
+with one behaviour logprob each and the policy version that served them. Nothing
+here tokenizes or detokenizes model output, so nothing downstream can drift.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import math
+from collections.abc import Sequence
+from typing import Literal, Protocol, runtime_checkable
+
+from agentrl.errors import ContextOverflowError
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SamplingConfig:
+    """Sampling parameters for one generation call."""
+
+    max_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    """-1 (or 0) disables top-k."""
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    """Extra token ids that end the turn (the model's EOS always does)."""
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Generation:
+    """What one generation call produced.
+
+    Attributes:
+        request_id: the id the caller gave.
+        token_ids: sampled token ids, exactly as the engine returned them.
+        logprobs: behaviour-policy logprob of each sampled token (same length).
+        finish_reason: ``stop`` (EOS or a stop token), ``length`` (max_tokens or the
+            context window), or ``abort`` (aborted; the tokens are a valid prefix).
+        version: the policy version when the request was admitted.
+        prompt_tokens: length of the prompt.
+        versions: the policy version that sampled each token (same length as
+            ``token_ids``; never decreasing). Equal to ``version`` everywhere unless
+            weights changed while the request was running.
+    """
+
+    request_id: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: FinishReason
+    version: int
+    prompt_tokens: int
+    versions: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.versions and self.token_ids:
+            object.__setattr__(self, "versions", (self.version,) * len(self.token_ids))
+        if len(self.versions) != len(self.token_ids):
+            raise ValueError(
+                f"generation {self.request_id!r}: {len(self.token_ids)} token ids but "
+                f"{len(self.versions)} versions; every sampled token needs one version"
+            )
+        if any(b < a for a, b in itertools.pairwise(self.versions)):
+            raise ValueError(
+                f"generation {self.request_id!r}: versions decrease along the sequence: "
+                f"{self.versions}"
+            )
+        if len(self.token_ids) != len(self.logprobs):
+            raise ValueError(
+                f"generation {self.request_id!r}: {len(self.token_ids)} token ids but "
+                f"{len(self.logprobs)} logprobs; every sampled token needs one logprob"
+            )
+        bad = [i for i, lp in enumerate(self.logprobs) if math.isnan(lp) or lp > 1e-4]
+        if bad:
+            raise ValueError(
+                f"generation {self.request_id!r}: logprobs at positions {bad[:5]} are NaN or "
+                f"positive: {[self.logprobs[i] for i in bad[:5]]}"
+            )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class InferenceConfig:
+    """Settings of a vLLM engine (in-process or served). Defaults suit the tiny CPU model."""
+
+    model: str = "tiny"
+    """A model spec: 'tiny', a model folder, or a hub name (see agentrl.models)."""
+    dtype: str = "float32"
+    """float32 on CPU: bf16 with eager mode or LoRA crashes vLLM's CPU attention (SIGILL)."""
+    max_model_len: int = 512
+    kv_cache_memory_bytes: int = 256 * 2**20
+    """KV cache size; vLLM's default (a fraction of all RAM) fails to start on CPU."""
+    enforce_eager: bool = True
+    seed: int = 0
+    enable_lora: bool = False
+    max_lora_rank: int = 16
+    max_num_seqs: int = 256
+    request_timeout_s: float = 300.0
+    """Deadline for one generation request (and for each admin call to a server)."""
+    startup_timeout_s: float = 300.0
+    """How long to wait for an engine or server to become ready."""
+
+    def __post_init__(self) -> None:
+        if self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if self.kv_cache_memory_bytes <= 0:
+            raise ValueError(f"kv_cache_memory_bytes must be > 0, got {self.kv_cache_memory_bytes}")
+
+
+@runtime_checkable
+class InferenceClient(Protocol):
+    """An inference engine that works in token ids and knows its policy version."""
+
+    @property
+    def version(self) -> int:
+        """The policy version new requests are served with."""
+        ...
+
+    @property
+    def max_model_len(self) -> int:
+        """The context window: prompt plus sampled tokens never exceed it."""
+        ...
+
+    async def generate(
+        self, prompt_token_ids: Sequence[int], sampling: SamplingConfig, request_id: str
+    ) -> Generation:
+        """Sample a continuation of ``prompt_token_ids``.
+
+        An aborted request returns normally with ``finish_reason == "abort"`` and the
+        tokens it had produced.
+
+        Raises:
+            ContextOverflowError: the prompt leaves no room for one sampled token.
+        """
+        ...
+
+    async def abort(self, request_id: str) -> Generation | None:
+        """Abort a request; return what it had produced, or None if it was not running."""
+        ...
+
+    async def reload_weights(self, weights_dir: str, version: int | None = None) -> int:
+        """Load full weights (safetensors in ``weights_dir``); return the new version."""
+        ...
+
+    async def load_lora_adapter(self, adapter_dir: str, version: int | None = None) -> int:
+        """Serve every later request with this peft adapter; return the new version."""
+        ...
+
+    async def close(self) -> None:
+        """Abort everything in flight and shut the engine down. Safe to call twice."""
+        ...
+
+
+def clamp_max_tokens(prompt_len: int, sampling: SamplingConfig, max_model_len: int) -> int:
+    """Fit ``max_tokens`` into the context window, or raise if nothing fits."""
+    room = max_model_len - prompt_len
+    if room < 1:
+        raise ContextOverflowError(prompt_len, max_model_len)
+    return min(sampling.max_tokens, room)
+
+
+class InflightRequests:
+    """Partial outputs of running requests, so an abort can hand them back.
+
+    Each vLLM client appends sampled tokens as they stream in; ``abort`` marks the
+    request and waits for its ``generate`` call to finish with the partial result.
+    """
+
+    def __init__(self) -> None:
+        self._tokens: dict[str, list[int]] = {}
+        self._logprobs: dict[str, list[float]] = {}
+        self._done: dict[str, asyncio.Future[Generation]] = {}
+        self._waiters: dict[str, list[tuple[int, asyncio.Future[None]]]] = {}
+        self.aborted: set[str] = set()
+
+    def __len__(self) -> int:
+        return len(self._done)
+
+    def ids(self) -> list[str]:
+        return list(self._done)
+
+    def start(self, request_id: str) -> None:
+        if request_id in self._done:
+            raise ValueError(f"request id {request_id!r} is already in flight; ids must be unique")
+        self._tokens[request_id] = []
+        self._logprobs[request_id] = []
+        self._done[request_id] = asyncio.get_running_loop().create_future()
+
+    def extend(self, request_id: str, token_ids: Sequence[int], logprobs: Sequence[float]) -> None:
+        if len(token_ids) != len(logprobs):
+            raise ValueError(
+                f"request {request_id!r}: engine returned {len(token_ids)} tokens but "
+                f"{len(logprobs)} logprobs"
+            )
+        tokens = self._tokens[request_id]
+        tokens.extend(token_ids)
+        self._logprobs[request_id].extend(logprobs)
+        if request_id in self._waiters:
+            self._wake(request_id, len(tokens))
+
+    def sampled(self, request_id: str) -> int:
+        """Tokens sampled so far by a running request (0 if it is not running)."""
+        return len(self._tokens.get(request_id, ()))
+
+    async def wait_for_tokens(self, request_id: str, n: int) -> int:
+        """Wait until a running request has sampled ``n`` tokens or has ended.
+
+        Returns the number sampled at that moment (the final count if it ended first).
+        """
+        if request_id not in self._done:
+            raise KeyError(f"request {request_id!r} is not in flight")
+        if self.sampled(request_id) < n:
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.setdefault(request_id, []).append((n, waiter))
+            await waiter
+        return self.sampled(request_id)
+
+    def _wake(self, request_id: str, have: int | None) -> None:
+        pending = []
+        for n, waiter in self._waiters.pop(request_id, []):
+            if have is None or have >= n:
+                if not waiter.done():
+                    waiter.set_result(None)
+            else:
+                pending.append((n, waiter))
+        if pending:
+            self._waiters[request_id] = pending
+
+    def finish(
+        self,
+        request_id: str,
+        finish_reason: FinishReason,
+        version: int,
+        prompt_tokens: int,
+        versions: Sequence[int] | None = None,
+    ) -> Generation:
+        if request_id in self.aborted:
+            finish_reason = "abort"
+        tokens = self._tokens.pop(request_id)
+        if versions is not None and len(versions) != len(tokens):
+            versions = None  # the engine's labels do not cover these tokens; fall back
+        result = Generation(
+            request_id=request_id,
+            token_ids=tuple(tokens),
+            logprobs=tuple(self._logprobs.pop(request_id)),
+            finish_reason=finish_reason,
+            version=version,
+            prompt_tokens=prompt_tokens,
+            versions=tuple(versions) if versions is not None else (),
+        )
+        self.aborted.discard(request_id)
+        self._wake(request_id, None)
+        done = self._done.pop(request_id)
+        if not done.done():
+            done.set_result(result)
+        return result
+
+    def fail(self, request_id: str, error: BaseException) -> None:
+        self._tokens.pop(request_id, None)
+        self._logprobs.pop(request_id, None)
+        self.aborted.discard(request_id)
+        self._wake(request_id, None)
+        done = self._done.pop(request_id, None)
+        if done is not None and not done.done():
+            done.set_exception(error)
+            done.exception()  # mark retrieved: the generate() caller gets the error
+
+    def completion(self, request_id: str) -> asyncio.Future[Generation] | None:
+        return self._done.get(request_id)

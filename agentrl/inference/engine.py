@@ -1,0 +1,292 @@
+"""In-process vLLM: :class:`VLLMEngineClient` drives an ``AsyncLLM`` in this process.
+
+The embedded default. vLLM's engine core runs in its own processes; this client lives
+on the caller's event loop, streams sampled tokens with their logprobs as deltas, and
+keeps the partial output of every running request so an abort hands it back.
+
+Per-token versions come from vLLM itself: the client labels the engine's weights
+with ``update_weight_version`` on every reload, and vLLM reports which output tokens
+each label sampled (``CompletionOutput.weight_versions``).
+
+Not here: text rendering, env logic, the pause/checkpoint/resume protocol (that is
+``rollout``'s ``RolloutController``, which calls :meth:`abort` and the reload methods).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from agentrl.errors import EngineError, EngineStartupError, WeightSyncError
+from agentrl.inference.base import (
+    Generation,
+    InferenceConfig,
+    InflightRequests,
+    SamplingConfig,
+    clamp_max_tokens,
+)
+from agentrl.models import resolve_model
+
+if TYPE_CHECKING:
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+logger = logging.getLogger(__name__)
+
+
+class VLLMEngineClient:
+    """An :class:`~agentrl.inference.base.InferenceClient` over an in-process ``AsyncLLM``.
+
+    Create with :meth:`start`; use as an async context manager or call :meth:`close`.
+    """
+
+    def __init__(self, engine: AsyncLLM, config: InferenceConfig, model_path: str) -> None:
+        self._engine = engine
+        self.config = config
+        self.model_path = model_path
+        self._version = 0
+        self._inflight = InflightRequests()
+        self._lora: Any = None  # vllm.lora.request.LoRARequest of the served adapter
+        self._lora_ids = 0
+        self._update_lock = asyncio.Lock()
+        self._closed = False
+
+    @classmethod
+    async def start(cls, config: InferenceConfig | None = None) -> VLLMEngineClient:
+        """Start an engine for ``config.model``.
+
+        Raises:
+            ModelNotFoundError: the model spec is not a model.
+            EngineStartupError: vLLM did not start within ``startup_timeout_s``.
+        """
+        config = config or InferenceConfig()
+        model_path = resolve_model(config.model)
+        os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        args = AsyncEngineArgs(
+            model=model_path,
+            dtype=config.dtype,
+            max_model_len=config.max_model_len,
+            kv_cache_memory_bytes=config.kv_cache_memory_bytes,
+            enforce_eager=config.enforce_eager,
+            seed=config.seed,
+            enable_lora=config.enable_lora,
+            max_lora_rank=config.max_lora_rank,
+            max_num_seqs=config.max_num_seqs,
+            # Behaviour logprobs of the distribution actually sampled from (after
+            # temperature, top-k, top-p): what importance correction needs.
+            logprobs_mode="processed_logprobs",
+            disable_log_stats=True,
+        )
+        try:
+            engine = await asyncio.wait_for(
+                asyncio.to_thread(AsyncLLM.from_engine_args, args),
+                timeout=config.startup_timeout_s,
+            )
+        except TimeoutError as e:
+            raise EngineStartupError(
+                f"vLLM did not start within {config.startup_timeout_s} s "
+                f"(inference.startup_timeout_s) for model {model_path!r}"
+            ) from e
+        except Exception as e:
+            raise EngineStartupError(
+                f"vLLM failed to start for model {model_path!r}: {type(e).__name__}: {e}"
+            ) from e
+        # Keep the engine out of this frame's locals: vLLM's AsyncLLM.__del__ fails at
+        # interpreter exit, so close() must be able to drop the last reference.
+        client, engine = cls(engine, config, model_path), None
+        await client._engine.update_weight_version("0")
+        from vllm.platforms import current_platform
+
+        tied = getattr(client._engine.model_config.hf_config, "tie_word_embeddings", False)
+        if tied and current_platform.is_cpu():
+            logger.warning(
+                "%s ties its input and output embeddings: vLLM's reload_weights on CPU "
+                "keeps the old LM head, so full-weight updates are only partly applied; "
+                "train with LoRA or untie the embeddings",
+                model_path,
+            )
+        return client
+
+    async def __aenter__(self) -> VLLMEngineClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def max_model_len(self) -> int:
+        return self.config.max_model_len
+
+    @property
+    def requests(self) -> InflightRequests:
+        """The running requests and what each has sampled so far."""
+        return self._inflight
+
+    async def generate(
+        self, prompt_token_ids: Sequence[int], sampling: SamplingConfig, request_id: str
+    ) -> Generation:
+        from vllm import SamplingParams
+        from vllm.inputs.engine import tokens_input
+        from vllm.sampling_params import RequestOutputKind
+
+        if self._closed:
+            raise EngineError("the engine client is closed; start a new one")
+        prompt = [int(t) for t in prompt_token_ids]
+        max_tokens = clamp_max_tokens(len(prompt), sampling, self.config.max_model_len)
+        params = SamplingParams(
+            n=1,
+            max_tokens=max_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k if sampling.top_k > 0 else 0,
+            seed=sampling.seed,
+            stop_token_ids=list(sampling.stop_token_ids),
+            logprobs=0,
+            detokenize=False,
+            output_kind=RequestOutputKind.DELTA,
+        )
+        version = self._version
+        self._inflight.start(request_id)
+        finish_reason = "abort"
+        spans = None
+        try:
+            async with asyncio.timeout(self.config.request_timeout_s):
+                stream = self._engine.generate(
+                    tokens_input(prompt), params, request_id, lora_request=self._lora
+                )
+                async for out in stream:
+                    completion = out.outputs[0]
+                    new_ids = list(completion.token_ids)
+                    logprobs = [
+                        step[tok].logprob
+                        for tok, step in zip(new_ids, completion.logprobs or [], strict=True)
+                    ]
+                    self._inflight.extend(request_id, new_ids, logprobs)
+                    if out.finished:
+                        finish_reason = completion.finish_reason or "abort"
+                        spans = completion.weight_versions
+        except TimeoutError as e:
+            await self._engine.abort(request_id)
+            self._inflight.fail(request_id, e)
+            raise EngineError(
+                f"request {request_id!r} took longer than {self.config.request_timeout_s} s "
+                f"(inference.request_timeout_s)"
+            ) from e
+        except asyncio.CancelledError:
+            self._inflight.fail(request_id, asyncio.CancelledError())
+            raise
+        except BaseException as e:
+            self._inflight.fail(request_id, e)
+            if isinstance(e, Exception) and not isinstance(e, EngineError):
+                raise EngineError(f"vLLM failed request {request_id!r}: {e}") from e
+            raise
+        if finish_reason not in ("stop", "length", "abort"):
+            finish_reason = "abort"
+        return self._inflight.finish(
+            request_id, finish_reason, version, len(prompt), _span_versions(spans, version)
+        )
+
+    async def abort(self, request_id: str) -> Generation | None:
+        done = self._inflight.completion(request_id)
+        if done is None:
+            return None
+        self._inflight.aborted.add(request_id)
+        await self._engine.abort(request_id)
+        try:
+            return await asyncio.shield(done)
+        except Exception:
+            return None
+
+    async def reload_weights(self, weights_dir: str, version: int | None = None) -> int:
+        """Load the safetensors in ``weights_dir`` into the running engine.
+
+        Requests in flight finish under the old weights first (vLLM's pause in
+        ``wait`` mode), so every token keeps a true version label; the rollout
+        controller aborts long requests before calling this.
+        """
+        new_version = self._version + 1 if version is None else version
+        async with self._update_lock:
+            try:
+                await self._engine.pause_generation(mode="wait")
+                try:
+                    await self._engine.collective_rpc(
+                        "reload_weights", kwargs={"weights_path": str(weights_dir)}
+                    )
+                    await self._engine.reset_prefix_cache()
+                    await self._engine.update_weight_version(str(new_version))
+                    self._version = new_version
+                finally:
+                    await self._engine.resume_generation()
+            except Exception as e:
+                raise WeightSyncError(
+                    f"reloading weights from {str(weights_dir)!r} failed: {e}"
+                ) from e
+        return new_version
+
+    async def load_lora_adapter(self, adapter_dir: str, version: int | None = None) -> int:
+        """Serve later requests with the peft adapter saved in ``adapter_dir``."""
+        from vllm.lora.request import LoRARequest
+
+        if not self.config.enable_lora:
+            raise WeightSyncError(
+                "this engine was started without LoRA; set inference.enable_lora = true"
+            )
+        new_version = self._version + 1 if version is None else version
+        async with self._update_lock:
+            self._lora_ids += 1
+            request = LoRARequest(f"adapter-v{new_version}", self._lora_ids, str(adapter_dir))
+            try:
+                await self._engine.pause_generation(mode="wait")
+                try:
+                    await self._engine.add_lora(request)
+                    previous, self._lora = self._lora, request
+                    if previous is not None:
+                        await self._engine.remove_lora(previous.lora_int_id)
+                    await self._engine.reset_prefix_cache()
+                    await self._engine.update_weight_version(str(new_version))
+                    self._version = new_version
+                finally:
+                    await self._engine.resume_generation()
+            except Exception as e:
+                raise WeightSyncError(
+                    f"loading the LoRA adapter in {str(adapter_dir)!r} failed: {e}"
+                ) from e
+        return new_version
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        ids = self._inflight.ids()
+        if ids:
+            self._inflight.aborted.update(ids)
+            await self._engine.abort(ids)
+        await asyncio.to_thread(self._engine.shutdown)
+        # vLLM's __del__ shuts down again; run it now, not at interpreter teardown
+        # where it fails on half-destroyed module globals.
+        del self._engine
+        gc.collect()
+
+
+def _span_versions(spans: Any, default: int) -> tuple[int, ...] | None:
+    """Per-token versions from vLLM's weight-version spans (None: use ``default``)."""
+    if not spans:
+        return None
+    versions: list[int] = []
+    for span in spans:
+        try:
+            label = int(span.version)
+        except ValueError:
+            label = default
+        versions.extend([label] * (span.end - span.start))
+    return tuple(versions)

@@ -1,0 +1,418 @@
+"""vLLM over HTTP: :class:`VLLMServer` runs ``vllm serve``; :class:`VLLMServerClient` talks to it.
+
+:class:`VLLMServer` starts the OpenAI-compatible server as a subprocess on 127.0.0.1
+and a free port, waits for ``/health`` with a deadline, and stops exactly the
+processes it started (the server and the engine processes it spawned, by PID).
+
+:class:`VLLMServerClient` speaks tokens over aiohttp: ``/v1/completions`` with a
+token-id prompt, ``return_token_ids`` and one logprob per sampled token, streamed so
+an abort (closing the stream) keeps what was already sampled. Weight updates use the
+dev-mode routes (``VLLM_SERVER_DEV_MODE=1``): ``/pause``, ``/collective_rpc``
+(``reload_weights``), ``/reset_prefix_cache``, ``/update_weight_version``, ``/resume``;
+LoRA adapters load through ``/v1/load_lora_adapter``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from agentrl.errors import (
+    ContextOverflowError,
+    EngineError,
+    EngineStartupError,
+    WeightSyncError,
+)
+from agentrl.inference.base import (
+    Generation,
+    InferenceConfig,
+    InflightRequests,
+    SamplingConfig,
+    clamp_max_tokens,
+)
+from agentrl.models import resolve_model
+
+logger = logging.getLogger(__name__)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class VLLMServer:
+    """A ``vllm serve`` subprocess on 127.0.0.1, started and stopped by this object.
+
+    Use ``async with await VLLMServer.start(config) as server:`` or call :meth:`stop`.
+    """
+
+    def __init__(self, process: subprocess.Popen[bytes], port: int, log_path: Path) -> None:
+        self.process = process
+        self.port = port
+        self.log_path = log_path
+        self.url = f"http://127.0.0.1:{port}"
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @classmethod
+    async def start(
+        cls,
+        config: InferenceConfig | None = None,
+        *,
+        port: int | None = None,
+        log_dir: str | Path | None = None,
+    ) -> VLLMServer:
+        """Start the server and wait until ``/health`` answers.
+
+        Raises:
+            ModelNotFoundError: the model spec is not a model.
+            EngineStartupError: the process exited, or was not healthy within
+                ``config.startup_timeout_s`` (the message names that setting and the log).
+        """
+        config = config or InferenceConfig()
+        model_path = resolve_model(config.model)
+        port = port or free_port()
+        log_dir = Path(log_dir) if log_dir is not None else Path.cwd()
+        log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = log_dir / f"vllm-server-{port}.log"
+        command = [
+            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", model_path,
+            "--host", "127.0.0.1",
+            "--port", str(port),
+            "--dtype", config.dtype,
+            "--max-model-len", str(config.max_model_len),
+            "--kv-cache-memory-bytes", str(config.kv_cache_memory_bytes),
+            "--seed", str(config.seed),
+            "--max-num-seqs", str(config.max_num_seqs),
+            "--logprobs-mode", "processed_logprobs",
+            "--disable-log-stats",
+        ]  # fmt: skip
+        if config.enforce_eager:
+            command.append("--enforce-eager")
+        if config.enable_lora:
+            command += ["--enable-lora", "--max-lora-rank", str(config.max_lora_rank)]
+        env = {
+            **os.environ,
+            "VLLM_SERVER_DEV_MODE": "1",
+            "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+        }
+        # Opening a log file and forking are quick; doing them inline keeps the PID ours.
+        with open(log_path, "ab") as log:  # noqa: ASYNC230
+            process = subprocess.Popen(  # noqa: ASYNC220
+                command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+        server = cls(process, port, log_path)
+        try:
+            await server._wait_healthy(config.startup_timeout_s)
+        except BaseException:
+            await server.stop()
+            raise
+        logger.info("vllm serve pid %d healthy at %s", process.pid, server.url)
+        return server
+
+    async def _wait_healthy(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        async with aiohttp.ClientSession() as session:
+            while True:
+                if self.process.poll() is not None:
+                    raise EngineStartupError(
+                        f"vllm serve exited with code {self.process.returncode} before it "
+                        f"became healthy; its log ({self.log_path}) ends with:\n{self.log_tail()}"
+                    )
+                if time.monotonic() > deadline:
+                    raise EngineStartupError(
+                        f"vllm serve at {self.url} was not healthy after {timeout_s} s "
+                        f"(inference.startup_timeout_s); raise it or read {self.log_path}"
+                    )
+                with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                    timeout = aiohttp.ClientTimeout(total=2)
+                    async with session.get(f"{self.url}/health", timeout=timeout) as r:
+                        if r.status == 200:
+                            return
+                # Polling is the only way to see a subprocess's HTTP port open.
+                await asyncio.sleep(0.5)
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    async def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop the server and the engine processes it spawned. Safe to call twice."""
+        if self.process.returncode is not None and not _descendants(self.process.pid):
+            return
+        children = _descendants(self.process.pid)
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.to_thread(self.process.wait, timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                await asyncio.to_thread(self.process.wait)
+        # Engine processes that outlived their parent are ours too: end them by PID.
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    async def __aenter__(self) -> VLLMServer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
+def _descendants(pid: int) -> list[int]:
+    """PIDs of every live descendant of ``pid`` (Linux /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    found, stack = [], [pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            found.append(child)
+            stack.append(child)
+    return found
+
+
+class VLLMServerClient:
+    """An :class:`~agentrl.inference.base.InferenceClient` over a ``vllm serve`` server.
+
+    Args:
+        base_url: e.g. ``http://127.0.0.1:8000``.
+        config: request deadlines and the context window (``max_model_len`` must match
+            the server's).
+        model_name: the served model name; read from ``/v1/models`` when omitted.
+    """
+
+    def __init__(
+        self, base_url: str, config: InferenceConfig | None = None, model_name: str | None = None
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.config = config or InferenceConfig()
+        self._model_name = model_name
+        self._served_name: str | None = None  # the adapter's name once one is loaded
+        self._version = 0
+        self._inflight = InflightRequests()
+        self._responses: dict[str, aiohttp.ClientResponse] = {}
+        self._session: aiohttp.ClientSession | None = None
+        self._update_lock = asyncio.Lock()
+        self._closed = False
+
+    async def __aenter__(self) -> VLLMServerClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def max_model_len(self) -> int:
+        return self.config.max_model_len
+
+    @property
+    def requests(self) -> InflightRequests:
+        """The running requests and what each has sampled so far."""
+        return self._inflight
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._closed:
+            raise EngineError("the server client is closed; create a new one")
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0),
+                timeout=aiohttp.ClientTimeout(total=self.config.request_timeout_s),
+            )
+        return self._session
+
+    async def model_name(self) -> str:
+        """The name requests are sent to: a loaded adapter's, else the served model's."""
+        if self._served_name is not None:
+            return self._served_name
+        if self._model_name is None:
+            data = await self._call("GET", "/v1/models")
+            self._model_name = data["data"][0]["id"]
+        return self._model_name
+
+    async def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        """One admin request; raises EngineError with the server's message on failure."""
+        url = f"{self.base_url}{path}"
+        try:
+            async with self._http().request(method, url, **kwargs) as r:
+                body = await r.text()
+                if r.status != 200:
+                    raise EngineError(f"{method} {url} answered {r.status}: {body[:500]}")
+                is_json = r.content_type == "application/json"
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise EngineError(
+                f"{method} {url} failed: {type(e).__name__}: {e} (deadline "
+                f"inference.request_timeout_s = {self.config.request_timeout_s} s)"
+            ) from e
+        return json.loads(body) if body and is_json else body
+
+    async def generate(
+        self, prompt_token_ids: Sequence[int], sampling: SamplingConfig, request_id: str
+    ) -> Generation:
+        prompt = [int(t) for t in prompt_token_ids]
+        max_tokens = clamp_max_tokens(len(prompt), sampling, self.config.max_model_len)
+        payload = {
+            "model": await self.model_name(),
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "top_k": sampling.top_k if sampling.top_k > 0 else 0,
+            "seed": sampling.seed,
+            "stop_token_ids": list(sampling.stop_token_ids),
+            "logprobs": 0,
+            "stream": True,
+            "return_token_ids": True,
+            "skip_special_tokens": False,
+            "request_id": request_id,
+        }
+        version = self._version
+        self._inflight.start(request_id)
+        finish_reason = "abort"
+        try:
+            async with self._http().post(f"{self.base_url}/v1/completions", json=payload) as r:
+                if r.status != 200:
+                    raise _request_error(r.status, await r.text(), len(prompt), self.config)
+                self._responses[request_id] = r
+                finish_reason = await self._read_stream(r, request_id)
+        except (aiohttp.ClientError, TimeoutError) as e:
+            if request_id not in self._inflight.aborted:
+                self._inflight.fail(request_id, e)
+                raise EngineError(
+                    f"request {request_id!r} to {self.base_url} failed: {type(e).__name__}: "
+                    f"{e} (deadline inference.request_timeout_s = "
+                    f"{self.config.request_timeout_s} s)"
+                ) from e
+        except BaseException as e:
+            self._inflight.fail(request_id, e)
+            raise
+        finally:
+            self._responses.pop(request_id, None)
+        return self._inflight.finish(request_id, finish_reason, version, len(prompt))
+
+    async def _read_stream(self, r: aiohttp.ClientResponse, request_id: str) -> Any:
+        finish_reason = "abort"
+        async for raw in r.content:
+            line = raw.strip()
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                break
+            chunk = json.loads(data)
+            if "error" in chunk:
+                raise EngineError(f"server error on request {request_id!r}: {chunk['error']}")
+            for choice in chunk.get("choices", []):
+                ids = choice.get("token_ids") or []
+                lps = (choice.get("logprobs") or {}).get("token_logprobs") or []
+                self._inflight.extend(request_id, ids, lps)
+                if choice.get("finish_reason"):
+                    finish_reason = choice["finish_reason"]
+        return finish_reason if finish_reason in ("stop", "length") else "abort"
+
+    async def abort(self, request_id: str) -> Generation | None:
+        done = self._inflight.completion(request_id)
+        if done is None:
+            return None
+        self._inflight.aborted.add(request_id)
+        response = self._responses.get(request_id)
+        if response is not None:
+            response.close()  # vLLM aborts a request whose stream is closed
+        try:
+            return await asyncio.shield(done)
+        except Exception:
+            return None
+
+    async def _paused(self, action: str, steps: Sequence[tuple[str, str, dict[str, Any]]]) -> None:
+        """Run admin steps between /pause (wait mode) and /resume."""
+        try:
+            await self._call("POST", "/pause", params={"mode": "wait"})
+            try:
+                for method, path, kwargs in steps:
+                    await self._call(method, path, **kwargs)
+            finally:
+                await self._call("POST", "/resume")
+        except EngineError as e:
+            raise WeightSyncError(f"{action} on {self.base_url} failed: {e}") from e
+
+    async def reload_weights(self, weights_dir: str, version: int | None = None) -> int:
+        new_version = self._version + 1 if version is None else version
+        rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(weights_dir)}}
+        async with self._update_lock:
+            await self._paused(
+                f"reloading weights from {str(weights_dir)!r}",
+                [
+                    ("POST", "/collective_rpc", {"json": rpc}),
+                    ("POST", "/reset_prefix_cache", {}),
+                    ("POST", "/update_weight_version", {"json": {"new_version": str(new_version)}}),
+                ],
+            )
+            self._version = new_version
+        return new_version
+
+    async def load_lora_adapter(self, adapter_dir: str, version: int | None = None) -> int:
+        new_version = self._version + 1 if version is None else version
+        name = f"adapter-v{new_version}"
+        async with self._update_lock:
+            previous = self._served_name
+            steps = [
+                ("POST", "/v1/load_lora_adapter",
+                 {"json": {"lora_name": name, "lora_path": str(adapter_dir)}}),
+                ("POST", "/reset_prefix_cache", {}),
+                ("POST", "/update_weight_version", {"json": {"new_version": str(new_version)}}),
+            ]  # fmt: skip
+            if previous is not None:
+                steps.append(("POST", "/v1/unload_lora_adapter", {"json": {"lora_name": previous}}))
+            await self._paused(f"loading the LoRA adapter in {str(adapter_dir)!r}", steps)
+            self._served_name = name
+            self._version = new_version
+        return new_version
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        for request_id in self._inflight.ids():
+            await self.abort(request_id)
+        self._closed = True
+        if self._session is not None:
+            await self._session.close()
+
+
+def _request_error(status: int, body: str, prompt_len: int, config: InferenceConfig) -> Exception:
+    """Turn a refused completion into ContextOverflowError or EngineError."""
+    lowered = body.lower()
+    if status == 400 and ("context length" in lowered or "maximum model length" in lowered):
+        return ContextOverflowError(prompt_len, config.max_model_len)
+    return EngineError(f"vllm serve refused the request ({status}): {body[:500]}")

@@ -1,0 +1,1 @@
+"""Reusable tools for agents (typed Python functions with schemas)."""
