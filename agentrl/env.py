@@ -1,0 +1,171 @@
+"""The environment contract: text environments as real ``gymnasium.Env`` subclasses.
+
+An agentrl environment is a Gymnasium env whose observation is text (a string, or a
+list of chat messages) and whose action is the model's text for one turn::
+
+    class MyEnv(agentrl.TextEnv):
+        tools = [calculator]                       # functions the agent may call
+
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)                # seeds self.np_random
+            return "What is 2 + 2?", {}
+
+        def step(self, action: str):
+            right = action.strip().endswith("4")
+            return "", float(right), True, False, {}
+
+``terminated`` means the task ended; ``truncated`` means a limit was hit. ``info`` is a
+fresh dict on every call. Optional ``get_state()``/``set_state()`` (JSON-serialisable
+state) make an env resumable and forkable; optional ``areset``/``astep`` let envs that
+do I/O run on the event loop (sync envs run in a thread).
+
+This module owns the text spaces, :class:`TextEnv`, and registration through
+Gymnasium's own registry. It never calls a model. The checks live in
+:mod:`agentrl.check`.
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+Message = dict[str, Any]
+Observation = str | list[Message]
+
+_SAMPLE_CHARSET = string.ascii_letters + string.digits + string.punctuation + " \n"
+
+
+class TextSpace(spaces.Text):
+    """Any Python string up to ``max_length`` characters.
+
+    Gymnasium's ``spaces.Text`` admits only alphanumerics by default, so real model
+    output (spaces, punctuation, unicode) would fail its checker. ``contains`` accepts
+    every string within the length bounds; ``sample`` draws printable ASCII.
+    """
+
+    def __init__(self, max_length: int = 100_000, *, min_length: int = 0, seed: Any = None):
+        super().__init__(max_length, min_length=min_length, charset=_SAMPLE_CHARSET, seed=seed)
+
+    def contains(self, x: Any) -> bool:
+        return isinstance(x, str) and self.min_length <= len(x) <= self.max_length
+
+    def __repr__(self) -> str:
+        return f"TextSpace({self.min_length}, {self.max_length})"
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, TextSpace)
+            and self.min_length == other.min_length
+            and self.max_length == other.max_length
+        )
+
+
+class MessagesSpace(spaces.Space[list[Message]]):
+    """A list of chat messages: dicts with a ``role`` and string ``content``."""
+
+    ROLES: ClassVar[frozenset[str]] = frozenset({"system", "user", "assistant", "tool"})
+
+    def __init__(self, max_messages: int = 1000, seed: Any = None) -> None:
+        super().__init__(shape=None, dtype=None, seed=seed)
+        self.max_messages = max_messages
+
+    @property
+    def is_np_flattenable(self) -> bool:
+        return False
+
+    def sample(self, mask: Any = None, probability: Any = None) -> list[Message]:
+        n = int(self.np_random.integers(1, 4))
+        chars = np.array(list(_SAMPLE_CHARSET))
+        return [
+            {"role": "user", "content": "".join(self.np_random.choice(chars, size=12))}
+            for _ in range(n)
+        ]
+
+    def contains(self, x: Any) -> bool:
+        return (
+            isinstance(x, list)
+            and len(x) <= self.max_messages
+            and all(
+                isinstance(m, dict)
+                and m.get("role") in self.ROLES
+                and isinstance(m.get("content", ""), str)
+                for m in x
+            )
+        )
+
+    def __repr__(self) -> str:
+        return f"MessagesSpace({self.max_messages})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, MessagesSpace) and other.max_messages == self.max_messages
+
+
+class TextEnv(gym.Env[Observation, str]):
+    """Base class for text environments: text observations, text actions, tools.
+
+    Subclasses implement ``reset`` and ``step`` exactly as Gymnasium specifies and may
+    set ``tools`` (typed functions or :class:`agentrl.tools.Tool`) and
+    ``system_prompt``. Observations default to :class:`TextSpace`; set
+    ``observation_space = MessagesSpace()`` to return chat messages instead.
+    """
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
+    tools: ClassVar[Sequence[Callable[..., Any]]] = ()
+    system_prompt: ClassVar[str | None] = None
+    observation_space: spaces.Space[Any] = TextSpace()
+    action_space: spaces.Space[Any] = TextSpace()
+
+    def get_state(self) -> dict[str, Any]:
+        """A JSON-serialisable snapshot of the env (override to make it resumable)."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement get_state()")
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Restore a snapshot from :meth:`get_state` (override to make it resumable)."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement set_state()")
+
+
+def supports_state(env: Any) -> bool:
+    """Whether ``env`` (unwrapped) overrides both ``get_state`` and ``set_state``."""
+    inner = getattr(env, "unwrapped", env)
+    cls = type(inner)
+    if isinstance(inner, TextEnv):
+        return cls.get_state is not TextEnv.get_state and cls.set_state is not TextEnv.set_state
+    return callable(getattr(inner, "get_state", None)) and callable(
+        getattr(inner, "set_state", None)
+    )
+
+
+def register_env(
+    env_id: str, entry_point: str | Callable[..., Any], *, max_episode_steps: int | None = None
+) -> None:
+    """Register an env with Gymnasium so ``gymnasium.make(env_id)`` builds it.
+
+    Re-registering the same id with the same entry point is a no-op (module reloads).
+    Gymnasium's passive checker is off: it warns on text spaces it does not know.
+    """
+    existing = gym.registry.get(env_id)
+    if existing is not None and existing.entry_point == entry_point:
+        return
+    gym.register(
+        id=env_id,
+        entry_point=entry_point,
+        max_episode_steps=max_episode_steps,
+        disable_env_checker=True,
+        order_enforce=True,
+    )
+
+
+def make_env(env_id: str, **kwargs: Any) -> gym.Env[Any, Any]:
+    """``gymnasium.make`` after importing the shipped envs, so their ids are registered."""
+    import envs  # noqa: F401  (registers agentrl/* ids)
+
+    try:
+        return gym.make(env_id, **kwargs)
+    except gym.error.Error as e:
+        known = sorted(i for i in gym.registry if i.startswith("agentrl/"))
+        raise gym.error.Error(f"{e}; agentrl envs registered: {known}") from e

@@ -1,0 +1,209 @@
+"""Tools: typed Python functions the agent may call, and parsing the model's calls.
+
+A tool is a function (sync or async) with type hints and a Google-style docstring; its
+JSON schema comes from ``transformers.utils.get_json_schema``. :class:`ToolSet` runs
+calls with a per-call timeout and turns every failure (malformed JSON, unknown tool,
+wrong argument types, a call cut off by the length limit, an exception, a timeout)
+into an error message for the model plus a counted kind, never an exception.
+
+Owns :class:`Tool`, :class:`ToolCall`, :class:`ToolResult`, :class:`ToolSet` and
+:func:`parse_tool_calls` (Qwen/Hermes ``<tool_call>{json}</tool_call>`` format).
+Does not render conversations or talk to the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import inspect
+import json
+import re
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Literal
+
+ToolErrorKind = Literal[
+    "malformed_json", "cut_off", "unknown_tool", "bad_arguments", "tool_exception", "timeout"
+]
+
+_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "array": (list,),
+    "object": (dict,),
+}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One parsed call: the tool's name and its arguments."""
+
+    name: str
+    arguments: Mapping[str, Any]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ToolResult:
+    """What goes back to the model: the content, and the error kind if it failed."""
+
+    name: str
+    content: str
+    error: ToolErrorKind | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ParsedTurn:
+    """The tool calls found in one assistant turn, and what could not be parsed."""
+
+    calls: tuple[ToolCall, ...]
+    errors: tuple[ToolResult, ...]
+
+    @property
+    def has_tool_activity(self) -> bool:
+        return bool(self.calls or self.errors)
+
+
+class Tool:
+    """A typed function plus its JSON schema.
+
+    Args:
+        fn: a sync or async function with type hints and a Google-style docstring.
+        timeout_s: per-call deadline.
+    """
+
+    def __init__(self, fn: Callable[..., Any], *, timeout_s: float = 10.0) -> None:
+        from transformers.utils import get_json_schema
+
+        self.fn = fn
+        self.timeout_s = timeout_s
+        try:
+            self.schema: dict[str, Any] = get_json_schema(fn)
+        except Exception as e:
+            raise TypeError(
+                f"tool {getattr(fn, '__name__', fn)!r} needs type hints on every argument and "
+                f"a Google-style docstring with an Args section: {e}"
+            ) from e
+        self.name: str = self.schema["function"]["name"]
+        self.is_async = inspect.iscoroutinefunction(fn)
+
+    def check_arguments(self, arguments: Mapping[str, Any]) -> str | None:
+        """An error message if ``arguments`` do not fit the schema, else None."""
+        params = self.schema["function"].get("parameters", {})
+        props: dict[str, Any] = params.get("properties", {})
+        missing = [p for p in params.get("required", []) if p not in arguments]
+        if missing:
+            return f"missing required arguments {missing}; expected {sorted(props)}"
+        unknown = [a for a in arguments if a not in props]
+        if unknown:
+            return f"unknown arguments {unknown}; expected {sorted(props)}"
+        for key, value in arguments.items():
+            kind = props[key].get("type")
+            kinds = kind if isinstance(kind, list) else [kind]
+            allowed = tuple(t for k in kinds if k in _JSON_TYPES for t in _JSON_TYPES[k])
+            if value is None and "null" in kinds:
+                continue
+            bad_bool = isinstance(value, bool) and bool not in allowed
+            if allowed and (not isinstance(value, allowed) or bad_bool):
+                return f"argument {key!r} must be {kind}, got {type(value).__name__} {value!r}"
+        return None
+
+    async def __call__(self, arguments: Mapping[str, Any]) -> Any:
+        if self.is_async:
+            return await self.fn(**arguments)
+        # Sync tools run in a thread so a slow tool never stalls the event loop.
+        return await asyncio.to_thread(self.fn, **arguments)
+
+
+class ToolSet:
+    """The tools of one env, by name; runs parsed calls and counts errors by kind."""
+
+    def __init__(self, tools: Iterable[Callable[..., Any] | Tool], *, timeout_s: float = 10.0):
+        self.tools: dict[str, Tool] = {}
+        for item in tools:
+            tool = item if isinstance(item, Tool) else Tool(item, timeout_s=timeout_s)
+            if tool.name in self.tools:
+                raise ValueError(f"two tools are named {tool.name!r}")
+            self.tools[tool.name] = tool
+        self.errors: Counter[str] = Counter()
+
+    @property
+    def schemas(self) -> list[dict[str, Any]]:
+        return [t.schema for t in self.tools.values()]
+
+    def parse(self, text: str) -> ParsedTurn:
+        parsed = parse_tool_calls(text)
+        for error in parsed.errors:
+            self.errors[error.error or "unknown"] += 1
+        return parsed
+
+    async def call(self, call: ToolCall) -> ToolResult:
+        """Run one call; every failure becomes a ToolResult with an error kind."""
+        result = await self._call(call)
+        if result.error:
+            self.errors[result.error] += 1
+        return result
+
+    async def _call(self, call: ToolCall) -> ToolResult:
+        tool = self.tools.get(call.name)
+        if tool is None:
+            return ToolResult(
+                call.name,
+                f"Error: unknown tool {call.name!r}; available tools: {sorted(self.tools)}",
+                "unknown_tool",
+            )
+        problem = tool.check_arguments(call.arguments)
+        if problem:
+            return ToolResult(call.name, f"Error: {problem}", "bad_arguments")
+        try:
+            async with asyncio.timeout(tool.timeout_s):
+                value = await tool(call.arguments)
+        except TimeoutError:
+            return ToolResult(
+                call.name, f"Error: {call.name} took longer than {tool.timeout_s} s", "timeout"
+            )
+        except Exception as e:
+            return ToolResult(call.name, f"Error: {type(e).__name__}: {e}", "tool_exception")
+        content = value if isinstance(value, str) else json.dumps(value, default=str)
+        return ToolResult(call.name, content)
+
+
+def parse_tool_calls(text: str) -> ParsedTurn:
+    """Find ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks in ``text``.
+
+    Several calls per turn are allowed. A ``<tool_call>`` with no closing tag (the turn
+    hit its length limit) is reported as ``cut_off``.
+    """
+    calls: list[ToolCall] = []
+    errors: list[ToolResult] = []
+    for body in _CALL.findall(text):
+        try:
+            payload = json.loads(body.strip())
+        except json.JSONDecodeError as e:
+            errors.append(
+                ToolResult("", f"Error: tool call is not valid JSON ({e.msg}): {body[:200]!r}",
+                           "malformed_json")
+            )  # fmt: skip
+            continue
+        name = payload.get("name") if isinstance(payload, dict) else None
+        arguments = payload.get("arguments", {}) if isinstance(payload, dict) else None
+        if isinstance(arguments, str):  # some models send arguments as a JSON string
+            try:
+                arguments = json.loads(arguments)
+            except json.JSONDecodeError:
+                arguments = None
+        if not isinstance(name, str) or not isinstance(arguments, dict):
+            errors.append(
+                ToolResult(str(name or ""), 'Error: a tool call must be {"name": string, '
+                           f'"arguments": object}}, got {body[:200]!r}', "malformed_json")
+            )  # fmt: skip
+            continue
+        calls.append(ToolCall(name, arguments))
+    tail = _CALL.sub("", text)
+    if "<tool_call>" in tail:
+        errors.append(
+            ToolResult("", "Error: the tool call was cut off before </tool_call>", "cut_off")
+        )
+    return ParsedTurn(tuple(calls), tuple(errors))

@@ -1,0 +1,95 @@
+"""check_env on shipped envs, on an env written outside the repo, and on a broken env."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from agentrl import check_env
+from agentrl.check import EnvCheckError
+
+EXTERNAL_ENV = textwrap.dedent(
+    """
+    import gymnasium as gym
+    from agentrl.env import TextEnv, register_env
+
+    class EchoEnv(TextEnv):
+        \"\"\"Say the secret word back; three tries.\"\"\"
+
+        system_prompt = "Repeat the word you are given."
+
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            self.word = ["apple", "river", "stone"][int(self.np_random.integers(3))]
+            self.tries = 0
+            return f"Say: {self.word}", {}
+
+        def step(self, action):
+            self.tries += 1
+            if self.word in action:
+                return "", 1.0, True, False, {"reason": "said it"}
+            return "Not quite, try again.", 0.0, False, self.tries >= 3, {}
+
+        def get_state(self):
+            return {"word": self.word, "tries": self.tries}
+
+        def set_state(self, state):
+            self.word, self.tries = state["word"], state["tries"]
+
+    register_env("{env_id}", EchoEnv)
+    """
+)
+
+BROKEN_ENV = EXTERNAL_ENV.replace(
+    'self.word = ["apple", "river", "stone"][int(self.np_random.integers(3))]',
+    'import random; self.word = random.choice(["apple", "river", "stone"])',
+).replace("if self.word in action:", "if action.encode('ascii') and self.word in action:")
+
+
+def _load(tmp_path: Path, source: str, env_id: str) -> Path:
+    path = tmp_path / f"{env_id.replace('/', '_')}.py"
+    path.write_text(source.replace("{env_id}", env_id))
+    return path
+
+
+def test_shipped_calculator_env_passes_every_rule() -> None:
+    results = check_env("agentrl/Calculator-v0")
+    assert [r.rule for r in results if r.passed] == [r.rule for r in results]
+    assert len(results) == 6
+
+
+def test_env_written_outside_the_repo_registers_and_passes(tmp_path: Path) -> None:
+    import runpy
+
+    runpy.run_path(str(_load(tmp_path, EXTERNAL_ENV, "external/Echo-v0")))
+    assert all(r.passed for r in check_env("external/Echo-v0"))
+    assert len(EXTERNAL_ENV.strip().splitlines()) <= 32
+
+
+def test_broken_env_fails_named_rules(tmp_path: Path) -> None:
+    import runpy
+
+    runpy.run_path(str(_load(tmp_path, BROKEN_ENV, "external/Broken-v0")))
+    with pytest.raises(EnvCheckError) as info:
+        check_env("external/Broken-v0")
+    failed = {r.rule: r.detail for r in info.value.results if not r.passed}
+    assert "robust-actions" in failed and "UnicodeEncodeError" in failed["robust-actions"]
+    assert "seeded-determinism" in failed or "isolation" in failed
+
+
+def test_cli_check_env_exits_non_zero_and_names_the_rule(tmp_path: Path) -> None:
+    path = _load(tmp_path, BROKEN_ENV, "external/BrokenCli-v0")
+    cli = [sys.executable, "-m", "agentrl.cli", "check-env", "external/BrokenCli-v0"]
+    out = subprocess.run([*cli, "--import", str(path)], capture_output=True, text=True)
+    assert out.returncode == 1, out.stderr
+    assert "FAIL  robust-actions" in out.stdout and "rule(s) failed" in out.stdout
+    ok = subprocess.run(
+        [sys.executable, "-m", "agentrl.cli", "check-env", "agentrl/Calculator-v0"],
+        capture_output=True,
+        text=True,
+    )
+    assert ok.returncode == 0 and "all rules passed" in ok.stdout, ok.stdout + ok.stderr
