@@ -47,14 +47,21 @@ class EnvCheckError(AssertionError):
         super().__init__("; ".join(f"[{r.rule}] {r.detail}" for r in failed))
 
 
-def _episode(env: gym.Env[Any, Any], seed: int, steps: int = len(SCRIPT)) -> list[Any]:
-    obs, _ = env.reset(seed=seed)
-    transcript: list[Any] = [obs]
-    for action in SCRIPT[:steps]:
-        obs, reward, terminated, truncated, _ = env.step(action)
-        transcript.append((obs, float(reward), bool(terminated), bool(truncated)))
-        if terminated or truncated:
+def _record(env: gym.Env[Any, Any], action: str) -> tuple[Any, float, bool, bool]:
+    obs, reward, terminated, truncated, _ = env.step(action)
+    return (obs, float(reward), bool(terminated), bool(truncated))
+
+
+def _ended(transcript: list[Any]) -> bool:
+    return len(transcript) > 1 and (transcript[-1][2] or transcript[-1][3])
+
+
+def _episode(env: gym.Env[Any, Any], seed: int) -> list[Any]:
+    transcript: list[Any] = [env.reset(seed=seed)[0]]
+    for action in SCRIPT:
+        if _ended(transcript):
             break
+        transcript.append(_record(env, action))
     return transcript
 
 
@@ -84,18 +91,16 @@ def check_env(
         raise_on_failure: raise if any rule failed (else just return the results).
     """
     make = _factory(env)
-    rules: list[Callable[[], str | None]] = [
-        lambda: _gymnasium(make),
-        lambda: _determinism(make),
-        lambda: _isolation(make),
-        lambda: _state_round_trip(make),
-        lambda: _robust_actions(make),
-        lambda: _prefix_preserving(make, tokenizer),
+    rules: list[tuple[str, Callable[[], str | None]]] = [
+        ("gymnasium", lambda: _gymnasium(make)),
+        ("seeded-determinism", lambda: _determinism(make)),
+        ("isolation", lambda: _isolation(make)),
+        ("state-round-trip", lambda: _state_round_trip(make)),
+        ("robust-actions", lambda: _robust_actions(make)),
+        ("prefix-preserving", lambda: _prefix_preserving(make, tokenizer)),
     ]
-    names = ["gymnasium", "seeded-determinism", "isolation", "state-round-trip",
-             "robust-actions", "prefix-preserving"]  # fmt: skip
     results = []
-    for name, rule in zip(names, rules, strict=True):
+    for name, rule in rules:
         try:
             problem = rule()
         except Exception as e:
@@ -135,10 +140,8 @@ def _isolation(make: Callable[[], gym.Env[Any, Any]]) -> str | None:
     got_a, got_b = [a.reset(seed=1)[0]], [b.reset(seed=2)[0]]
     for action in SCRIPT:
         for env, got in ((a, got_a), (b, got_b)):
-            if len(got) > 1 and (got[-1][2] or got[-1][3]):
-                continue
-            obs, reward, term, trunc, _ = env.step(action)
-            got.append((obs, float(reward), bool(term), bool(trunc)))
+            if not _ended(got):
+                got.append(_record(env, action))
     if (got_a, got_b) != (alone_a, alone_b):
         return (
             "two instances stepped in turn (seeds 1 and 2) did not reproduce their "
@@ -206,10 +209,14 @@ def _prefix_preserving(make: Callable[[], gym.Env[Any, Any]], tokenizer: Any) ->
     messages: list[dict[str, Any]] = []
     if getattr(inner, "system_prompt", None):
         messages.append({"role": "system", "content": inner.system_prompt})
-    messages += obs if isinstance(obs, list) else [{"role": "user", "content": obs}]
+    messages += _as_messages(obs)
+
+    def render() -> list[int]:
+        return tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"]
+
     previous: list[int] | None = None
     for action in SCRIPT[1:4]:
-        ids = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"]
+        ids = render()
         if previous is not None and ids[: len(previous)] != previous:
             return (
                 "the chat template re-renders earlier turns differently once a turn is "
@@ -220,10 +227,14 @@ def _prefix_preserving(make: Callable[[], gym.Env[Any, Any]], tokenizer: Any) ->
         obs, _, terminated, truncated, _ = env.step(action)
         if terminated or truncated:
             break
-        messages += obs if isinstance(obs, list) else [{"role": "user", "content": obs}]
-    ids = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"]
+        messages += _as_messages(obs)
+    ids = render()
     if previous is not None and ids[: len(previous)] != previous:
         return (
             "the last turn changed the rendering of earlier turns; use a prefix-preserving template"
         )
     return None
+
+
+def _as_messages(obs: Any) -> list[dict[str, Any]]:
+    return obs if isinstance(obs, list) else [{"role": "user", "content": obs}]

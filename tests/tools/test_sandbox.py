@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -74,4 +73,3 @@ async def test_network_and_programs_are_refused() -> None:
     assert "no network" in net.output or "not allowed" in net.output
     prog = await run_python("import subprocess; subprocess.run(['true'])", LIMITS)
     assert "subprocess.Popen is not allowed" in prog.output
-    assert os.getpid() > 0  # still here
