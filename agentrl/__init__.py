@@ -9,7 +9,7 @@ from typing import Any
 
 from agentrl.errors import AgentRLError, EpisodeError, InfraError
 
-__all__ = ["AgentRLError", "EpisodeError", "InfraError", "__version__", "check_env"]
+__all__ = ["AgentRLError", "EpisodeError", "InfraError", "__version__", "check_env", "from_gym"]
 
 
 def check_env(env: Any, *, tokenizer: Any = None, raise_on_failure: bool = True) -> list[Any]:
@@ -17,6 +17,13 @@ def check_env(env: Any, *, tokenizer: Any = None, raise_on_failure: bool = True)
     from agentrl.check import check_env as run_checks
 
     return run_checks(env, tokenizer=tokenizer, raise_on_failure=raise_on_failure)
+
+
+def from_gym(env_id: str, **kwargs: Any) -> Any:
+    """A Gymnasium env as a text env; see :func:`agentrl.adapter.from_gym`."""
+    from agentrl.adapter import from_gym as adapt
+
+    return adapt(env_id, **kwargs)
 
 
 __version__ = "0.1.0"

@@ -162,11 +162,12 @@ def _state_round_trip(make: Callable[[], gym.Env[Any, Any]]) -> str | None:
         restored_state = json.loads(json.dumps(state))
     except (TypeError, ValueError) as e:
         return f"get_state() returned something that is not JSON-serialisable: {e}"
-    expected = env.step(SCRIPT[1])[:4]
+    # Compare the unwrapped envs: the state is the env's own, not a wrapper's step count.
+    expected = env.unwrapped.step(SCRIPT[1])[:4]
     other = make()
     other.reset(seed=99)
     other.unwrapped.set_state(restored_state)
-    got = other.step(SCRIPT[1])[:4]
+    got = other.unwrapped.step(SCRIPT[1])[:4]
     if got != expected:
         return (
             f"after set_state(get_state()) the same action gave {got!r:.200}, "

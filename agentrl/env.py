@@ -26,8 +26,10 @@ Gymnasium's own registry. It never calls a model. The checks live in
 
 from __future__ import annotations
 
+import asyncio
+import re
 import string
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, ClassVar
 
 import gymnasium as gym
@@ -129,6 +131,101 @@ class TextEnv(gym.Env[Observation, str]):
         raise NotImplementedError(f"{type(self).__name__} does not implement set_state()")
 
 
+class AsyncTextEnv(TextEnv):
+    """A text env whose reset and step are coroutines (for envs that do I/O).
+
+    Implement ``areset`` and ``astep``; call ``await super().areset(seed=seed)`` first
+    in ``areset`` to seed ``self.np_random``. The rollout engine awaits them on its
+    event loop; the sync ``reset``/``step`` (for Gymnasium's checker and plain scripts)
+    run them with ``asyncio.run`` and refuse to run inside a running loop.
+    """
+
+    async def areset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Observation, dict[str, Any]]:
+        gym.Env.reset(self, seed=seed)
+        return "", {}
+
+    async def astep(self, action: str) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
+        raise NotImplementedError(f"{type(self).__name__} must implement astep()")
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Observation, dict[str, Any]]:
+        return _run_sync(self.areset(seed=seed, options=options), "reset")
+
+    def step(self, action: str) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
+        return _run_sync(self.astep(action), "step")
+
+
+def _run_sync(coro: Awaitable[Any], name: str) -> Any:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)  # type: ignore[arg-type]
+    coro.close()  # type: ignore[attr-defined]
+    raise RuntimeError(
+        f"{name}() of an async env was called inside a running event loop; "
+        f"use `await env.a{name}(...)` (or agentrl.env.EnvHandle) instead"
+    )
+
+
+class EnvHandle:
+    """How the rollout engine drives one env without ever blocking its event loop.
+
+    Awaits ``areset``/``astep`` when the env defines them, else runs the sync
+    ``reset``/``step`` in a worker thread. On the async path the Gymnasium wrappers
+    are bypassed, so the registered ``max_episode_steps`` is applied here.
+    """
+
+    def __init__(self, env: gym.Env[Any, Any]) -> None:
+        self.env = env
+        self.inner = env.unwrapped
+        self.is_async = callable(getattr(self.inner, "astep", None)) and callable(
+            getattr(self.inner, "areset", None)
+        )
+        spec = getattr(env, "spec", None)
+        self.max_steps: int | None = getattr(spec, "max_episode_steps", None)
+        self.steps = 0
+
+    @property
+    def tools(self) -> Sequence[Callable[..., Any]]:
+        return tuple(getattr(self.inner, "tools", ()) or ())
+
+    @property
+    def system_prompt(self) -> str | None:
+        return getattr(self.inner, "system_prompt", None)
+
+    async def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Observation, dict[str, Any]]:
+        self.steps = 0
+        if self.is_async:
+            return await self.inner.areset(seed=seed, options=options)
+        return await asyncio.to_thread(self.env.reset, seed=seed, options=options)
+
+    async def step(self, action: str) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
+        self.steps += 1
+        if not self.is_async:
+            return await asyncio.to_thread(self.env.step, action)
+        obs, reward, terminated, truncated, info = await self.inner.astep(action)
+        if self.max_steps is not None and self.steps >= self.max_steps:
+            truncated = True
+        return obs, reward, terminated, truncated, info
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.env.close)
+
+
+_FINAL_ANSWER = re.compile(r"Answer:\s*(-?\d{1,40})(?!\d)")
+
+
+def parse_final_answer(text: str) -> int | None:
+    """The integer N of the last ``Answer: N`` in ``text``, or None."""
+    found = _FINAL_ANSWER.findall(text)
+    return int(found[-1]) if found else None
+
+
 def supports_state(env: Any) -> bool:
     """Whether ``env`` (unwrapped) overrides both ``get_state`` and ``set_state``."""
     inner = getattr(env, "unwrapped", env)
@@ -141,15 +238,21 @@ def supports_state(env: Any) -> bool:
 
 
 def register_env(
-    env_id: str, entry_point: str | Callable[..., Any], *, max_episode_steps: int | None = None
+    env_id: str,
+    entry_point: str | Callable[..., Any],
+    /,
+    *,
+    max_episode_steps: int | None = None,
+    **kwargs: Any,
 ) -> None:
     """Register an env with Gymnasium so ``gymnasium.make(env_id)`` builds it.
 
     Re-registering the same id with the same entry point is a no-op (module reloads).
     Gymnasium's passive checker is off: it warns on text spaces it does not know.
+    ``kwargs`` go to the env's constructor.
     """
     existing = gym.registry.get(env_id)
-    if existing is not None and existing.entry_point == entry_point:
+    if existing is not None and existing.entry_point == entry_point and existing.kwargs == kwargs:
         return
     gym.register(
         id=env_id,
@@ -157,6 +260,7 @@ def register_env(
         max_episode_steps=max_episode_steps,
         disable_env_checker=True,
         order_enforce=True,
+        kwargs=kwargs,
     )
 
 

@@ -7,13 +7,10 @@ right. A turn without an answer or a tool call ends the episode with reward 0.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-from agentrl.env import TextEnv
+from agentrl.env import TextEnv, parse_final_answer
 from tools.calculator import calculator
-
-_ANSWER = re.compile(r"Answer:\s*(-?\d{1,40})(?!\d)")
 
 
 class CalculatorEnv(TextEnv):
@@ -40,10 +37,10 @@ class CalculatorEnv(TextEnv):
         return f"What is {a} {self._problem[1]} {b}?", {"target": self.target}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        match = _ANSWER.search(action)
-        if match is None:
+        answer = parse_final_answer(action)
+        if answer is None:
             return "", 0.0, True, False, {"reason": "no 'Answer: N' in the final turn"}
-        right = int(match.group(1)) == self.target
+        right = answer == self.target
         return "", float(right), True, False, {"reason": "right" if right else "wrong answer"}
 
     def get_state(self) -> dict[str, Any]:

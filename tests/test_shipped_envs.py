@@ -1,0 +1,177 @@
+"""Every registered env passes both checkers; each shipped env behaves as documented."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import gymnasium as gym
+import pytest
+from gymnasium.utils.env_checker import check_env as gym_check_env
+
+import envs  # noqa: F401  (registers the agentrl/* ids)
+from agentrl import check_env
+from agentrl.env import AsyncTextEnv, EnvHandle, make_env, register_env
+
+REGISTERED = sorted(i for i in gym.registry if i.startswith("agentrl/"))
+
+
+def test_the_shipped_envs_are_all_registered() -> None:
+    names = {i.split("/")[1].split("-")[0] for i in REGISTERED}
+    assert {"Calculator", "GuessNumber", "PythonPuzzle", "Maze", "Sql"} <= names
+    assert {"FrozenLake", "Taxi"} <= names
+
+
+@pytest.mark.parametrize("env_id", REGISTERED)
+def test_registered_env_passes_gymnasium_and_agentrl_checks(env_id: str) -> None:
+    env = make_env(env_id)
+    gym_check_env(env.unwrapped, skip_render_check=True)
+    env.close()
+    results = check_env(env_id)
+    assert [r.rule for r in results] == [
+        "gymnasium", "seeded-determinism", "isolation", "state-round-trip",
+        "robust-actions", "prefix-preserving",
+    ]  # fmt: skip
+    assert all(r.passed for r in results), results
+
+
+def test_guess_number_gives_feedback_until_found() -> None:
+    env = make_env("agentrl/GuessNumber-v0")
+    env.reset(seed=4)
+    low, high = 1, 100
+    for _ in range(7):  # binary search always wins in 7 guesses over 1..100
+        guess = (low + high) // 2
+        obs, reward, terminated, truncated, _ = env.step(f"Guess: {guess}")
+        if terminated:
+            assert reward == 1.0 and guess == env.unwrapped.secret
+            break
+        assert obs in ("Higher.", "Lower.") and not truncated
+        low, high = (guess + 1, high) if obs == "Higher." else (low, guess - 1)
+    else:
+        pytest.fail("binary search did not find the number in 7 guesses")
+
+
+def test_maze_is_solvable_and_forks_from_get_state() -> None:
+    env = make_env("agentrl/Maze-v0")
+    env.reset(seed=11)
+    inner = env.unwrapped
+    path = _shortest_path(inner.grid, inner.pos, inner.goal)
+    fork = make_env("agentrl/Maze-v0")
+    fork.reset(seed=0)
+    for i, move in enumerate(path):
+        if i == len(path) // 2:
+            fork.unwrapped.set_state(inner.get_state())
+        _, reward, terminated, truncated, _ = env.step(f"I will go {move}.")
+    assert (reward, terminated, truncated) == (1.0, True, False)
+    for move in path[len(path) // 2 :]:
+        result = fork.step(move)
+    assert result[1:4] == (1.0, True, False)
+    wall = make_env("agentrl/Maze-v0")
+    wall.reset(seed=11)
+    blocked = [m for m in ("up", "left") if wall.step(m)[0].startswith("A wall")]
+    assert blocked == ["up", "left"]  # the start is the top-left corner
+
+
+def _shortest_path(grid: list[str], start: tuple[int, int], goal: tuple[int, int]) -> list[str]:
+    from envs.maze import MOVES
+
+    frontier, came = [start], {start: (start, "")}
+    while frontier:
+        nxt = []
+        for r, c in frontier:
+            for name, (dr, dc) in MOVES.items():
+                cell = (r + dr, c + dc)
+                if grid[cell[0]][cell[1]] != "#" and cell not in came:
+                    came[cell] = ((r, c), name)
+                    nxt.append(cell)
+        frontier = nxt
+    path, cell = [], goal
+    while cell != start:
+        cell, move = came[cell]
+        path.append(move)
+    return path[::-1]
+
+
+def test_sql_env_builds_a_database_per_episode_and_cleans_up() -> None:
+    env = make_env("agentrl/Sql-v0")
+    _, info = env.reset(seed=1)
+    inner = env.unwrapped
+    (query,) = inner.tools
+    department = inner.department
+    sql = {0: "SUM(salary)", 1: "COUNT(*)", 2: "MAX(salary)"}[inner.kind]
+    rows = query(f"SELECT {sql} FROM employees WHERE department = '{department}'")
+    assert rows.splitlines()[1] == str(info["target"])
+    assert query("DELETE FROM employees").startswith("Error:")  # read-only
+    first = query("SELECT * FROM employees ORDER BY id")
+    env.reset(seed=2)
+    assert query("SELECT * FROM employees ORDER BY id") != first
+    assert env.step(f"Answer: {inner.target}")[1] == 1.0
+    env.close()
+    env.close()
+    assert not inner.database.parent.exists()
+
+
+async def test_python_puzzle_is_solvable_with_the_sandbox_tool() -> None:
+    env = make_env("agentrl/PythonPuzzle-v0")
+    env.reset(seed=0)
+    inner = env.unwrapped
+    inner.kind, inner.n = 2, 1000  # primes below 1000
+    (python,) = inner.tools
+    code = "print(sum(all(n % d for d in range(2, n)) for n in range(2, 1000)))"
+    out = await python(code)
+    assert out.strip().splitlines()[-1] == "168" == str(inner.target), out
+    assert env.step("Answer: 168")[1] == 1.0
+
+
+class CountdownEnv(AsyncTextEnv):
+    """An async env (as if it did I/O): count down from a seeded start."""
+
+    async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        await super().areset(seed=seed)
+        await asyncio.sleep(0)
+        self.n = int(self.np_random.integers(3, 6))
+        self.thread = threading.get_ident()
+        return f"Count down from {self.n}.", {}
+
+    async def astep(self, action: str):
+        await asyncio.sleep(0)
+        self.thread = threading.get_ident()
+        if action.strip() == str(self.n - 1):
+            self.n -= 1
+        return f"Now {self.n}.", float(self.n == 0), self.n == 0, False, {}
+
+    def get_state(self) -> dict[str, Any]:
+        return {"n": self.n}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self.n = state["n"]
+
+
+async def test_async_env_runs_on_the_loop_and_sync_env_in_a_thread() -> None:
+    register_env("tests/Countdown-v0", CountdownEnv, max_episode_steps=2)
+    handle = EnvHandle(gym.make("tests/Countdown-v0"))
+    assert handle.is_async
+    await handle.reset(seed=1)
+    assert handle.inner.thread == threading.get_ident()  # awaited on this loop
+    _, _, _, truncated, _ = await handle.step("nonsense")
+    assert not truncated
+    _, _, _, truncated, _ = await handle.step("nonsense")
+    assert truncated  # the registered max_episode_steps applies on the async path too
+    with pytest.raises(RuntimeError, match=r"await env\.areset"):
+        handle.inner.reset(seed=1)  # the sync form refuses inside a running loop
+    sync = EnvHandle(make_env("agentrl/GuessNumber-v0"))
+    assert not sync.is_async
+    await sync.reset(seed=1)
+    seen: list[int] = []
+    original = sync.inner.step
+    sync.inner.step = lambda a: (seen.append(threading.get_ident()), original(a))[1]
+    await sync.step("Guess: 50")
+    assert seen and seen[0] != threading.get_ident()
+    await handle.close()
+    await sync.close()
+
+
+def test_async_env_passes_both_checkers_through_its_sync_form() -> None:
+    register_env("tests/Countdown-v0", CountdownEnv, max_episode_steps=2)
+    assert all(r.passed for r in check_env("tests/Countdown-v0"))
