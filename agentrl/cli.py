@@ -60,6 +60,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="import this module or .py file first (where your env registers itself)",
     )
 
+    roll = commands.add_parser(
+        "rollout", help="run an env against a model for N episodes and record them"
+    )
+    roll.add_argument("env_id", help="a registered id, e.g. agentrl/GuessNumber-v0")
+    roll.add_argument("--model", default="tiny", help="'tiny', a model folder, or a hub name")
+    roll.add_argument("--episodes", type=int, default=64)
+    roll.add_argument("--group-size", type=int, default=1, help="episodes per task (same seed)")
+    roll.add_argument("--concurrency", type=int, default=64, help="episodes running at once")
+    roll.add_argument("--max-turns", type=int, default=8)
+    roll.add_argument("--max-tokens", type=int, default=64, help="per assistant turn")
+    roll.add_argument("--temperature", type=float, default=1.0)
+    roll.add_argument("--seed", type=int, default=0, help="seed of the first task")
+    roll.add_argument("--server", action="store_true", help="go through `vllm serve` over HTTP")
+    roll.add_argument("--out", default=None, help="run directory (default runs/rollout-TIME)")
+    roll.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE_OR_FILE",
+        help="import this first (registers your env)",
+    )
+
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
@@ -76,23 +99,49 @@ def main(argv: Sequence[str] | None = None) -> int:
             asyncio.run(_demo(args.model, args.server, args.max_tokens))
         elif args.command == "check-env":
             return _check_env(args.env_id, args.imports)
+        elif args.command == "rollout":
+            return _rollout(args)
     except AgentRLError as e:
         print(f"agentrl: error: {e}", file=sys.stderr)
         return 1
     return 0
 
 
-def _check_env(env_id: str, imports: Sequence[str]) -> int:
+def _import_all(imports: Sequence[str]) -> None:
     import importlib
     import runpy
-
-    from agentrl.check import check_env
 
     for target in imports:
         if target.endswith(".py"):
             runpy.run_path(target, run_name="__agentrl_env__")
         else:
             importlib.import_module(target)
+
+
+def _rollout(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from agentrl.rollout.job import RolloutJob, run_rollout
+
+    _import_all(args.imports)
+    out = Path(args.out or f"runs/rollout-{time.strftime('%Y%m%d-%H%M%S')}")
+    job = RolloutJob(env_id=args.env_id, episodes=args.episodes, out_dir=out, model=args.model,
+                     group_size=args.group_size, concurrency=args.concurrency,
+                     via_server=args.server, first_seed=args.seed, max_turns=args.max_turns,
+                     max_tokens_per_turn=args.max_tokens, temperature=args.temperature)  # fmt: skip
+    summary = asyncio.run(run_rollout(job))
+    lag = summary["metrics"].get("loop_lag_s/p99", float("nan"))
+    rate = summary["success_rate"]
+    print(f"{summary['episodes']} episodes of {args.env_id}: success {rate:.1%}, "
+          f"{summary['tokens_per_s']:,.0f} tokens/s, loop lag p99 {lag * 1000:.0f} ms; "
+          f"written to {out}")  # fmt: skip
+    return 0
+
+
+def _check_env(env_id: str, imports: Sequence[str]) -> int:
+    from agentrl.check import check_env
+
+    _import_all(imports)
     results = check_env(env_id, raise_on_failure=False)
     for r in results:
         print(f"{'PASS' if r.passed else 'FAIL'}  {r.rule:<20} {'' if r.passed else r.detail}")

@@ -1,0 +1,203 @@
+"""One episode's conversation as a growing token sequence with provenance.
+
+How a turn is appended:
+
+* the prompt is the chat template's rendering of the first messages (with the tool
+  schemas and the generation prompt);
+* sampled tokens are appended exactly as the engine returned them, with their
+  logprobs and versions;
+* an env or tool turn is appended as a *delta*: render the conversation before it
+  (``base``) and after it (``full``, with the generation prompt) and append
+  ``full[len(base):]``, after closing the assistant turn the way the template does
+  (the tokens the template writes after the end-of-turn token, or the end-of-turn
+  token itself when the turn was cut off by the length limit).
+
+A template is prefix preserving when ``base`` is a prefix of ``full`` (and the
+assistant turn renders after the same prompt). Templates that rewrite earlier turns
+(thinking models that drop old reasoning) are not; then the conversation starts a new
+*segment*: the tokens so far are closed off as one training sequence, and a new
+sequence starts from the full re-rendering (all of it prompt). ``segments_started``
+counts how often that happened.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from agentrl.types import NO_VERSION, Message, SpanKind, TokenSpan
+
+
+def as_messages(obs: Any) -> list[Message]:
+    """An observation (a string or a list of chat messages) as chat messages."""
+    if isinstance(obs, list):
+        return [dict(m) for m in obs]
+    return [{"role": "user", "content": "" if obs is None else str(obs)}]
+
+
+class Segment:
+    """The token arrays of one training sequence, built turn by turn."""
+
+    def __init__(self) -> None:
+        self.token_ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.versions: list[int] = []
+        self.loss_mask: list[int] = []
+        self.spans: list[TokenSpan] = []
+
+    def append(self, kind: SpanKind, turn: int, ids: Sequence[int], logprobs: Sequence[float] = (),
+               versions: Sequence[int] = ()) -> None:  # fmt: skip
+        if not ids:
+            return
+        start = len(self.token_ids)
+        self.token_ids.extend(ids)
+        if kind == "assistant":
+            self.logprobs.extend(logprobs)
+            self.versions.extend(versions)
+            self.loss_mask.extend([1] * len(ids))
+        else:
+            self.logprobs.extend([math.nan] * len(ids))
+            self.versions.extend([NO_VERSION] * len(ids))
+            self.loss_mask.extend([0] * len(ids))
+        last = self.spans[-1] if self.spans else None
+        if last is not None and last.kind == kind and last.turn == turn:  # one span per turn
+            self.spans[-1] = TokenSpan(kind, last.start, len(self.token_ids), turn)
+        else:
+            self.spans.append(TokenSpan(kind, start, len(self.token_ids), turn))
+
+
+class Conversation:
+    """Messages plus the exact token sequence the model sees.
+
+    Args:
+        tokenizer: a transformers tokenizer with a chat template.
+        messages: the first messages (system prompt and first observation).
+        tools: JSON schemas of the tools, rendered by the template.
+        end_of_turn_ids: token ids that end an assistant turn (EOS, ``<|im_end|>``).
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        messages: list[Message],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        end_of_turn_ids: Sequence[int] = (),
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.tools = tools or None
+        self.messages: list[Message] = list(messages)
+        self.end_of_turn_ids = set(end_of_turn_ids) or _end_of_turn_ids(tokenizer)
+        self.segments: list[Segment] = [Segment()]
+        self.segments_started = 0
+        self.turn = 0
+        self._last_finish: str = "stop"
+        self.current.append("prompt", 0, self.render(self.messages, add_generation_prompt=True))
+
+    @property
+    def current(self) -> Segment:
+        return self.segments[-1]
+
+    @property
+    def token_ids(self) -> list[int]:
+        """What the model sees next: the current segment's tokens."""
+        return self.current.token_ids
+
+    def __len__(self) -> int:
+        return len(self.current.token_ids)
+
+    def render(self, messages: list[Message], *, add_generation_prompt: bool) -> list[int]:
+        out = self.tokenizer.apply_chat_template(
+            messages,
+            tools=self.tools,
+            add_generation_prompt=add_generation_prompt,
+            tokenize=True,
+            return_dict=True,
+        )
+        return list(out["input_ids"])
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """The text of a sampled turn, without its end-of-turn token."""
+        ids = list(token_ids)
+        if ids and ids[-1] in self.end_of_turn_ids:
+            ids = ids[:-1]
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def add_sampled(
+        self, token_ids: Sequence[int], logprobs: Sequence[float], versions: Sequence[int]
+    ) -> None:
+        """Append sampled tokens of the current assistant turn (call once per piece)."""
+        self.current.append("assistant", self.turn, token_ids, logprobs, versions)
+
+    def end_assistant_turn(self, text: str, finish_reason: str) -> None:
+        """Record the assistant message for the turn just sampled."""
+        self.messages.append({"role": "assistant", "content": text})
+        self._last_finish = finish_reason
+        self.turn += 1
+
+    def delta_for(self, new_messages: list[Message]) -> tuple[list[int], bool]:
+        """The tokens that append ``new_messages``, and whether that preserves the prefix.
+
+        Only renderings are compared with each other, never with the sampled tokens
+        (re-tokenizing sampled text may legitimately differ from what was sampled).
+        When the second value is False the tokens are the full re-rendering, to be used
+        as the prompt of a new segment.
+        """
+        base = self.render(self.messages, add_generation_prompt=False)
+        full = self.render(self.messages + new_messages, add_generation_prompt=True)
+        if full[: len(base)] != base:
+            return full, False
+        if not self.messages or self.messages[-1]["role"] != "assistant":
+            return full[len(base) :], True
+        closing = self._closing(base)
+        if closing is None:
+            return full, False
+        return closing + full[len(base) :], True
+
+    def _closing(self, base: list[int]) -> list[int] | None:
+        """Tokens the template writes after the sampled content of the last assistant turn.
+
+        ``base`` ends with that turn, so its last end-of-turn token closes it: after a
+        turn that stopped on end-of-turn, append what follows it (often a newline);
+        after a turn cut off by the length limit, append the end-of-turn token too.
+        """
+        ends = [i for i, t in enumerate(base) if t in self.end_of_turn_ids]
+        if not ends:
+            return None
+        last = ends[-1]
+        sampled_end = self.current.token_ids[-1] if self.current.token_ids else None
+        if self._last_finish == "stop" and sampled_end in self.end_of_turn_ids:
+            return base[last + 1 :]
+        return base[last:]
+
+    def add_messages(
+        self, new_messages: list[Message], kind: SpanKind, max_len: int | None = None
+    ) -> bool:
+        """Append env or tool messages; start a new segment if the template needs it.
+
+        Returns False, changing nothing, when the result would leave no room for one
+        sampled token within ``max_len`` (the caller ends the episode as truncated).
+        """
+        ids, preserving = self.delta_for(new_messages)
+        if max_len is not None and (len(self) + len(ids) if preserving else len(ids)) >= max_len:
+            return False
+        self.messages.extend(new_messages)
+        if preserving:
+            self.current.append(kind, self.turn, ids)
+        else:
+            self.segments.append(Segment())
+            self.segments_started += 1
+            self.current.append("prompt", self.turn, ids)
+        return True
+
+
+def _end_of_turn_ids(tokenizer: Any) -> set[int]:
+    ids = set()
+    for token in ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>"):
+        tid = tokenizer.convert_tokens_to_ids(token)
+        if isinstance(tid, int) and tid != tokenizer.unk_token_id and tid >= 0:
+            ids.add(tid)
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return ids

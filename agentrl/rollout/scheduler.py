@@ -1,0 +1,188 @@
+"""``Scheduler``: many episodes at once, in groups, with staleness-bounded admission.
+
+Each task runs as a group of ``group_size`` episodes with the same env and seed (for
+group-relative advantages); at most ``concurrency`` episodes run at once, all in one
+``asyncio.TaskGroup``. A group is queued only when every episode in it has ended.
+
+Admission control (off when ``max_staleness`` is None). With ``B`` trajectories per
+optimizer step (``batch_size``) and the trainer at version ``v``, a new group of ``G``
+episodes is admitted only if
+
+    started + G <= (v + max_staleness + 1) * B
+
+where ``started`` counts every episode admitted since the run began (retries are not
+new episodes). The trainer consumes ``B`` trajectories per version, so at most
+``(max_staleness + 1) * B`` episodes are generated-but-untrained or in flight at any
+time, and an episode admitted at version ``v`` is trained by version
+``v + max_staleness`` at the latest (AReaL's and SkyRL's capacity rule).
+
+Failures: an episode that fails (env exception, env timeout) is retried with a fresh
+env up to ``max_retries`` times; its failed attempts are kept in ``failed_attempts``
+with their reasons. An infrastructure error stops the whole run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
+from typing import Any
+
+from agentrl.errors import ConfigError
+from agentrl.metrics import Metrics
+from agentrl.queue import TrajectoryQueue
+from agentrl.rollout.runner import EpisodeRunner
+from agentrl.types import Group, Task, Trajectory
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    concurrency: int = 64
+    group_size: int = 4
+    max_retries: int = 1
+    max_staleness: int | None = None
+    batch_size: int | None = None
+    """Trajectories per optimizer step (needed with max_staleness)."""
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1 or self.group_size < 1:
+            raise ConfigError(
+                f"concurrency ({self.concurrency}) and group_size ({self.group_size}) must be >= 1"
+            )
+        if self.concurrency < self.group_size:
+            raise ConfigError(
+                f"concurrency ({self.concurrency}) must be at least group_size "
+                f"({self.group_size}): a group's episodes run at the same time"
+            )
+        if self.max_staleness is not None:
+            if self.max_staleness < 0:
+                raise ConfigError(f"max_staleness must be >= 0, got {self.max_staleness}")
+            if self.batch_size is None or self.batch_size < self.group_size:
+                raise ConfigError(
+                    f"with max_staleness set, batch_size ({self.batch_size}) must be at least "
+                    f"group_size ({self.group_size}), or no group could ever be admitted"
+                )
+
+
+class Scheduler:
+    """Runs tasks as groups of episodes and puts complete groups into a queue.
+
+    Args:
+        runner: runs one episode.
+        queue: where complete groups go (``put`` blocks when it is full).
+        config: concurrency, group size, retries, staleness bound.
+        version: the trainer's current version (for admission); defaults to the
+            engine's version.
+        on_group: called with each complete group before it is queued.
+    """
+
+    def __init__(
+        self,
+        runner: EpisodeRunner,
+        queue: TrajectoryQueue,
+        config: SchedulerConfig | None = None,
+        *,
+        version: Callable[[], int] | None = None,
+        metrics: Metrics | None = None,
+        on_group: Callable[[Group], Any] | None = None,
+    ) -> None:
+        self.runner = runner
+        self.queue = queue
+        self.config = config or SchedulerConfig()
+        self.version = version or (lambda: runner.client.version)
+        self.metrics = metrics or runner.metrics
+        self.on_group = on_group
+        self.slots = asyncio.Semaphore(self.config.concurrency)
+        self.started = 0
+        self.in_flight = 0
+        self.groups_done = 0
+        self.failed_attempts: list[Trajectory] = []
+        self._capacity = asyncio.Condition()
+        self._stopping = False
+
+    def capacity_left(self) -> int | None:
+        """Episodes that may still be admitted at the current version (None: unbounded)."""
+        cfg = self.config
+        if cfg.max_staleness is None or cfg.batch_size is None:
+            return None
+        return (self.version() + cfg.max_staleness + 1) * cfg.batch_size - self.started
+
+    async def notify_version(self) -> None:
+        """Call after the trainer publishes a version: admission may open up."""
+        async with self._capacity:
+            self._capacity.notify_all()
+
+    def stop(self) -> None:
+        """Admit nothing more; running groups finish (use task cancellation to abort)."""
+        self._stopping = True
+
+    async def run(self, tasks: Iterable[Task] | AsyncIterable[Task]) -> None:
+        """Run every task (until ``stop``); return when every admitted group is queued."""
+        async with asyncio.TaskGroup() as tg:
+            async for task in _aiter(tasks):
+                if self._stopping:
+                    break
+                await self._admit()
+                if self._stopping:
+                    break
+                tg.create_task(self._run_group(task), name=f"group-{task.task_id}")
+
+    async def _admit(self) -> None:
+        size = self.config.group_size
+        async with self._capacity:
+
+            def admissible() -> bool:
+                left = self.capacity_left()
+                return self._stopping or left is None or left >= size
+
+            await self._capacity.wait_for(admissible)
+            if self._stopping:
+                return
+            self.started += size
+        for _ in range(size):  # a slot per episode; each episode frees its own
+            await self.slots.acquire()
+
+    async def _run_group(self, task: Task) -> None:
+        size = self.config.group_size
+        results = await asyncio.gather(*(self._run_episode(task, i) for i in range(size)))
+        group = Group(task, size, [t for episode in results for t in episode])
+        self.groups_done += 1
+        self.metrics.count("groups_done")
+        if self.on_group is not None:
+            self.on_group(group)
+        await self.queue.put(group)
+
+    async def _run_episode(self, task: Task, index: int) -> list[Trajectory]:
+        episode_id = f"{task.task_id}/{index}"
+        self.in_flight += 1
+        try:
+            attempt = 0
+            while True:
+                trajectories = await self.runner.run(task, episode_id, attempt)
+                if trajectories[-1].status != "failed" or attempt == self.config.max_retries:
+                    return trajectories
+                self.failed_attempts.extend(trajectories)
+                self.metrics.count("episode_retries")
+                attempt += 1
+        finally:
+            self.in_flight -= 1
+            self.slots.release()
+
+
+async def _aiter(tasks: Iterable[Task] | AsyncIterable[Task]) -> AsyncIterator[Task]:
+    if isinstance(tasks, AsyncIterable):
+        async for task in tasks:
+            yield task
+    else:
+        for task in tasks:
+            yield task
+
+
+def tasks_for(
+    env_id: str, count: int | None, *, first_seed: int = 0, **env_kwargs: Any
+) -> Iterator[Task]:
+    """Tasks ``env_id`` with seeds first_seed, first_seed + 1, ... (forever if count is None)."""
+    seeds = itertools.count(first_seed) if count is None else range(first_seed, first_seed + count)
+    for seed in seeds:
+        yield Task(f"{env_id.replace('/', '.')}#{seed}", env_id, seed, env_kwargs=env_kwargs)

@@ -1,0 +1,257 @@
+"""Pure data that crosses module boundaries: trajectories, their spans, groups.
+
+A :class:`Trajectory` is one token sequence with parallel arrays of equal length:
+
+* ``token_ids``: exactly the ids the model saw and produced, never re-tokenized;
+* ``logprobs``: the behaviour policy's logprob of each sampled token, NaN elsewhere;
+* ``versions``: the policy version that sampled each token, -1 for prompt, env and
+  tool tokens;
+* ``loss_mask``: 1 on sampled tokens, 0 elsewhere.
+
+Invariants are checked at construction; a violation raises ``ValueError`` naming the
+offending lengths or positions. Arrays are numpy (int32/float32/int8), about 13 bytes
+per token. No torch, no vLLM, no I/O here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Literal
+
+import numpy as np
+
+EpisodeStatus = Literal["finished", "truncated", "failed"]
+SpanKind = Literal["prompt", "assistant", "tool", "env"]
+NO_VERSION = -1
+
+Message = dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TokenSpan:
+    """A contiguous run of tokens in a trajectory: ``token_ids[start:end]``."""
+
+    kind: SpanKind
+    start: int
+    end: int
+    turn: int
+
+    @property
+    def sampled(self) -> bool:
+        return self.kind == "assistant"
+
+
+@dataclasses.dataclass(slots=True)
+class Timings:
+    """Seconds an episode spent in each place (wall clock, summed over turns)."""
+
+    engine_wait_s: float = 0.0
+    """Waiting for the engine to admit the request and produce its first token."""
+    generate_s: float = 0.0
+    """From the first token to the end of each generation."""
+    tools_s: float = 0.0
+    env_s: float = 0.0
+    total_s: float = 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return dataclasses.asdict(self)
+
+
+def _array(values: Any, dtype: Any) -> np.ndarray:
+    return np.ascontiguousarray(np.asarray(values, dtype=dtype))
+
+
+@dataclasses.dataclass(eq=False, slots=True)
+class Trajectory:
+    """One episode (or one training segment of it) as tokens plus what happened.
+
+    An episode whose chat template is not prefix preserving is split into segments,
+    each a Trajectory with the same ``episode_id`` and increasing ``segment``.
+    """
+
+    episode_id: str
+    task_id: str
+    env_id: str
+    seed: int | None
+    token_ids: np.ndarray
+    logprobs: np.ndarray
+    versions: np.ndarray
+    loss_mask: np.ndarray
+    spans: tuple[TokenSpan, ...]
+    messages: list[Message]
+    turn_rewards: list[float]
+    reward: float
+    status: EpisodeStatus
+    reason: str = ""
+    segment: int = 0
+    attempt: int = 0
+    timings: Timings = dataclasses.field(default_factory=Timings)
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.token_ids = _array(self.token_ids, np.int32)
+        self.logprobs = _array(self.logprobs, np.float32)
+        self.versions = _array(self.versions, np.int32)
+        self.loss_mask = _array(self.loss_mask, np.int8)
+        self.spans = tuple(self.spans)
+        self.validate()
+
+    def validate(self) -> None:
+        """Check every invariant; raise ValueError naming what is wrong."""
+        who = f"trajectory {self.episode_id!r}"
+        n = len(self.token_ids)
+        lengths = {
+            "token_ids": n,
+            "logprobs": len(self.logprobs),
+            "versions": len(self.versions),
+            "loss_mask": len(self.loss_mask),
+        }
+        if len(set(lengths.values())) != 1:
+            raise ValueError(f"{who}: parallel arrays differ in length: {lengths}")
+        if self.status not in ("finished", "truncated", "failed"):
+            raise ValueError(f"{who}: status {self.status!r} is not finished/truncated/failed")
+        if not math.isfinite(self.reward):
+            raise ValueError(f"{who}: reward {self.reward} is not finite")
+        mask = self.loss_mask.astype(bool)
+        if not np.isin(self.loss_mask, (0, 1)).all():
+            raise ValueError(f"{who}: loss_mask holds values other than 0 and 1")
+        if (self.versions[mask] < 0).any():
+            bad = np.flatnonzero(mask & (self.versions < 0))[:5].tolist()
+            raise ValueError(f"{who}: sampled tokens at {bad} have no policy version")
+        if (self.versions[~mask] != NO_VERSION).any():
+            bad = np.flatnonzero(~mask & (self.versions != NO_VERSION))[:5].tolist()
+            raise ValueError(f"{who}: non-sampled tokens at {bad} carry a version (expected -1)")
+        sampled_versions = self.versions[mask]
+        if (np.diff(sampled_versions) < 0).any():
+            i = int(np.flatnonzero(np.diff(sampled_versions) < 0)[0])
+            raise ValueError(
+                f"{who}: versions decrease along the trajectory ({sampled_versions[i]} then "
+                f"{sampled_versions[i + 1]})"
+            )
+        if np.isnan(self.logprobs[mask]).any() or (self.logprobs[mask] > 1e-4).any():
+            raise ValueError(f"{who}: a sampled token has a NaN or positive logprob")
+        if not np.isnan(self.logprobs[~mask]).all():
+            raise ValueError(f"{who}: a non-sampled token has a logprob (expected NaN)")
+        position = 0
+        for span in self.spans:
+            if span.start != position or span.end < span.start:
+                raise ValueError(
+                    f"{who}: span {span} does not start where the previous ended ({position})"
+                )
+            if (self.loss_mask[span.start : span.end] != int(span.sampled)).any():
+                raise ValueError(f"{who}: span {span} disagrees with loss_mask")
+            position = span.end
+        if self.spans and position != n:
+            raise ValueError(f"{who}: spans cover {position} tokens of {n}")
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_sampled(self) -> int:
+        return int(self.loss_mask.sum())
+
+    @property
+    def trainable(self) -> bool:
+        return self.status != "failed" and self.num_sampled > 0
+
+    def span_tokens(self, span: TokenSpan) -> list[int]:
+        return self.token_ids[span.start : span.end].tolist()
+
+    def min_version(self) -> int:
+        """The oldest version among the sampled tokens (-1 if none were sampled)."""
+        sampled = self.versions[self.loss_mask.astype(bool)]
+        return int(sampled.min()) if len(sampled) else NO_VERSION
+
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.token_ids, self.logprobs, self.versions, self.loss_mask))
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (lists for arrays; NaN logprobs become null)."""
+        return {
+            "episode_id": self.episode_id,
+            "task_id": self.task_id,
+            "env_id": self.env_id,
+            "seed": self.seed,
+            "segment": self.segment,
+            "attempt": self.attempt,
+            "status": self.status,
+            "reason": self.reason,
+            "reward": self.reward,
+            "turn_rewards": self.turn_rewards,
+            "token_ids": self.token_ids.tolist(),
+            "logprobs": [None if math.isnan(x) else x for x in self.logprobs.tolist()],
+            "versions": self.versions.tolist(),
+            "loss_mask": self.loss_mask.tolist(),
+            "spans": [dataclasses.asdict(s) for s in self.spans],
+            "messages": self.messages,
+            "timings": self.timings.as_dict(),
+            "info": self.info,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Trajectory:
+        return cls(
+            episode_id=data["episode_id"],
+            task_id=data["task_id"],
+            env_id=data["env_id"],
+            seed=data["seed"],
+            token_ids=data["token_ids"],
+            logprobs=[math.nan if x is None else x for x in data["logprobs"]],
+            versions=data["versions"],
+            loss_mask=data["loss_mask"],
+            spans=tuple(TokenSpan(**s) for s in data["spans"]),
+            messages=data["messages"],
+            turn_rewards=data["turn_rewards"],
+            reward=data["reward"],
+            status=data["status"],
+            reason=data.get("reason", ""),
+            segment=data.get("segment", 0),
+            attempt=data.get("attempt", 0),
+            timings=Timings(**data.get("timings", {})),
+            info=data.get("info", {}),
+        )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Task:
+    """One unit of work: an env id plus the seed every episode of its group shares."""
+
+    task_id: str
+    env_id: str
+    seed: int
+    options: dict[str, Any] | None = None
+    env_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(slots=True)
+class Group:
+    """The G episodes of one task: trained together once all of them have ended."""
+
+    task: Task
+    size: int
+    trajectories: list[Trajectory] = dataclasses.field(default_factory=list)
+
+    @property
+    def episodes(self) -> set[str]:
+        return {t.episode_id for t in self.trajectories}
+
+    @property
+    def complete(self) -> bool:
+        return len(self.episodes) == self.size
+
+    @property
+    def rewards(self) -> list[float]:
+        """One reward per episode (segments of one episode share it)."""
+        seen: dict[str, float] = {}
+        for t in self.trajectories:
+            seen.setdefault(t.episode_id, t.reward)
+        return list(seen.values())
+
+    def min_version(self) -> int:
+        versions = [t.min_version() for t in self.trajectories if t.num_sampled]
+        return min(versions) if versions else NO_VERSION
+
+    def num_tokens(self) -> int:
+        return sum(len(t) for t in self.trajectories)

@@ -1,0 +1,43 @@
+"""`agentrl rollout`: N episodes against real vLLM, written to a run directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentrl.types import Trajectory
+
+CLI = [sys.executable, "-m", "agentrl.cli", "rollout"]
+
+
+@pytest.mark.vllm
+def test_rollout_writes_every_episode(tmp_path: Path, model_cache: Path) -> None:
+    env = {**os.environ, "AGENTRL_CACHE": str(model_cache)}
+    out = subprocess.run(
+        [*CLI, "agentrl/Calculator-v0", "--episodes", "8", "--group-size", "2",
+         "--max-tokens", "24", "--out", str(tmp_path / "run")],
+        capture_output=True, text=True, timeout=600, env=env,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "8 episodes of agentrl/Calculator-v0" in out.stdout
+    lines = (tmp_path / "run" / "trajectories.jsonl").read_text().splitlines()
+    trajectories = [Trajectory.from_json(json.loads(line)) for line in lines]
+    assert len({t.episode_id for t in trajectories}) == 8
+    assert {t.seed for t in trajectories} == {0, 1, 2, 3}  # 4 tasks, 2 episodes each
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["episodes"] == 8 and summary["tokens_sampled"] > 0
+    assert "loop_lag_s/p99" in summary["metrics"]
+
+
+def test_rollout_refuses_bad_arguments_before_starting_vllm(tmp_path: Path) -> None:
+    out = subprocess.run([*CLI, "agentrl/Calculator-v0", "--episodes", "7", "--group-size", "2"],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 1 and "multiple of --group-size (2)" in out.stderr
+    out = subprocess.run([*CLI, "nope/Missing-v0", "--out", str(tmp_path / "x")],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 1 and "cannot make env 'nope/Missing-v0'" in out.stderr

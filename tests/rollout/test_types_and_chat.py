@@ -1,0 +1,136 @@
+"""Trajectory invariants, and rendering conversations to tokens without drift."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from transformers import AutoTokenizer
+
+from agentrl.chat import Conversation
+from agentrl.types import TokenSpan, Trajectory
+
+
+def _trajectory(**overrides: object) -> Trajectory:
+    fields: dict[str, object] = dict(
+        episode_id="e", task_id="t", env_id="x", seed=0,
+        token_ids=[1, 2, 3, 4], logprobs=[math.nan, -0.5, -0.1, math.nan],
+        versions=[-1, 0, 1, -1], loss_mask=[0, 1, 1, 0],
+        spans=(TokenSpan("prompt", 0, 1, 0), TokenSpan("assistant", 1, 3, 0),
+               TokenSpan("env", 3, 4, 1)),
+        messages=[], turn_rewards=[1.0], reward=1.0, status="finished",
+    )  # fmt: skip
+    fields.update(overrides)
+    return Trajectory(**fields)  # type: ignore[arg-type]
+
+
+def test_trajectory_invariants_name_what_is_wrong() -> None:
+    t = _trajectory()
+    assert t.num_sampled == 2 and t.min_version() == 0 and t.token_ids.dtype == np.int32
+    again = Trajectory.from_json(t.to_json())
+    assert again.token_ids.tolist() == t.token_ids.tolist() and again.spans == t.spans
+    assert np.isnan(again.logprobs[0]) and again.logprobs[1] == pytest.approx(-0.5)
+    cases = {
+        "differ in length": dict(versions=[-1, 0, 1]),
+        "have no policy version": dict(versions=[-1, -1, 1, -1]),
+        "carry a version": dict(versions=[0, 0, 1, -1]),
+        "versions decrease": dict(versions=[-1, 1, 0, -1]),
+        "NaN or positive logprob": dict(logprobs=[math.nan, math.nan, -0.1, math.nan]),
+        "non-sampled token has a logprob": dict(logprobs=[-1.0, -0.5, -0.1, math.nan]),
+        "disagrees with loss_mask": dict(spans=(TokenSpan("prompt", 0, 2, 0),
+                                                TokenSpan("assistant", 2, 3, 0),
+                                                TokenSpan("env", 3, 4, 1))),
+        "does not start where": dict(spans=(TokenSpan("prompt", 0, 1, 0),
+                                            TokenSpan("assistant", 2, 3, 0))),
+        "status": dict(status="done"),
+    }  # fmt: skip
+    for message, bad in cases.items():
+        with pytest.raises(ValueError, match=message):
+            _trajectory(**bad)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model: Path):
+    return AutoTokenizer.from_pretrained(tiny_model)
+
+
+def _sample(conv: Conversation, tokenizer, text: str, *, cut: bool = False) -> list[int]:
+    """Append a turn the way the runner does: ids as 'sampled', never re-tokenized."""
+    ids = tokenizer.encode(text) + ([] if cut else [tokenizer.convert_tokens_to_ids("<|im_end|>")])
+    conv.add_sampled(ids, [-0.5] * len(ids), [3] * len(ids))
+    conv.end_assistant_turn(conv.decode(ids), "length" if cut else "stop")
+    return ids
+
+
+def test_tokens_are_prompt_plus_sampled_plus_rendered_deltas(tokenizer) -> None:
+    tools = [{"type": "function", "function": {"name": "calculator", "parameters": {}}}]
+    start = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+3?"}]
+    conv = Conversation(tokenizer, start, tools=tools)
+    pieces = [list(conv.token_ids)]
+    pieces.append(_sample(conv, tokenizer, '<tool_call>{"name": "calculator"}</tool_call>'))
+    assert conv.add_messages([{"role": "tool", "name": "calculator", "content": "5"}], "tool")
+    pieces.append(conv.token_ids[sum(map(len, pieces)) :])
+    pieces.append(_sample(conv, tokenizer, "Answer: 5"))
+    assert conv.add_messages([{"role": "user", "content": "Sure?"}], "env")
+    assert conv.token_ids[: sum(map(len, pieces))] == [t for p in pieces for t in p]
+    # With a prefix-preserving template and sampled ids equal to the template's own
+    # tokens, the incremental sequence equals one full rendering of the conversation.
+    assert conv.token_ids == conv.render(conv.messages, add_generation_prompt=True)
+    assert [s.kind for s in conv.current.spans] == ["prompt", "assistant", "tool", "assistant",
+                                                    "env"]  # fmt: skip
+    assert conv.segments_started == 0
+
+
+def test_sampled_tokens_are_kept_even_when_retokenizing_differs(tokenizer) -> None:
+    # Find sampled ids the tokenizer would merge differently: "ab" sampled as "a" + "b".
+    word = next(w for w in (" the", " number", " answer") if len(tokenizer.encode(w)) == 1)
+    split = [tokenizer.convert_tokens_to_ids(c) for c in tokenizer.tokenize(word)[0]]
+    assert tokenizer.encode(tokenizer.decode(split)) != split  # re-tokenizing would drift
+    conv = Conversation(tokenizer, [{"role": "user", "content": "Hi"}])
+    sampled = [*split, tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    conv.add_sampled(sampled, [-0.1] * len(sampled), [0] * len(sampled))
+    conv.end_assistant_turn(conv.decode(sampled), "stop")
+    before = list(conv.token_ids)
+    assert conv.add_messages([{"role": "user", "content": "Again"}], "env")
+    assert conv.token_ids[: len(before)] == before  # the sampled ids stay exactly as sampled
+    assert conv.token_ids != conv.render(conv.messages, add_generation_prompt=True)
+    assert conv.segments_started == 0
+
+
+def test_a_turn_cut_by_the_length_limit_is_closed_by_the_template_tokens(tokenizer) -> None:
+    conv = Conversation(tokenizer, [{"role": "user", "content": "Hi"}])
+    _sample(conv, tokenizer, "partial ans", cut=True)
+    n = len(conv.token_ids)
+    assert conv.add_messages([{"role": "user", "content": "Go on"}], "env")
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert conv.token_ids[n] == im_end  # the env span starts by closing the turn
+    assert conv.token_ids == conv.render(conv.messages, add_generation_prompt=True)
+
+
+def test_a_template_that_rewrites_history_starts_a_new_segment(tokenizer) -> None:
+    # A "thinking" template: earlier assistant turns lose their <think> part.
+    template = tokenizer.chat_template.replace(
+        "{%- if m.content %}{{ m.content }}{% endif %}",
+        "{%- if m.content %}{% if loop.last %}{{ m.content }}"
+        "{% else %}{{ m.content.split('</think>')[-1] }}{% endif %}{% endif %}",
+    )
+    assert template != tokenizer.chat_template
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer.name_or_path)
+    tokenizer.chat_template = template
+    conv = Conversation(tokenizer, [{"role": "user", "content": "Hi"}])
+    _sample(conv, tokenizer, "<think>hmm</think>Hello")
+    assert conv.add_messages([{"role": "user", "content": "And?"}], "env")
+    assert conv.segments_started == 1 and len(conv.segments) == 2
+    assert conv.current.loss_mask == [0] * len(conv.current.token_ids)  # all prompt
+    assert conv.token_ids == conv.render(conv.messages, add_generation_prompt=True)
+    assert conv.segments[0].loss_mask.count(1) > 0
+
+
+def test_context_limit_refuses_a_delta_that_does_not_fit(tokenizer) -> None:
+    conv = Conversation(tokenizer, [{"role": "user", "content": "Hi"}])
+    _sample(conv, tokenizer, "Hello")
+    n = len(conv)
+    assert not conv.add_messages([{"role": "user", "content": "x " * 300}], "env", max_len=n + 20)
+    assert len(conv) == n and conv.messages[-1]["role"] == "assistant"
