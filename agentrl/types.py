@@ -47,9 +47,9 @@ class Timings:
     """Seconds an episode spent in each place (wall clock, summed over turns)."""
 
     engine_wait_s: float = 0.0
-    """Waiting for the engine to admit the request and produce its first token."""
+    """Held at the admission gate (e.g. paused for a weight update) before generating."""
     generate_s: float = 0.0
-    """From the first token to the end of each generation."""
+    """Inside generation calls, queueing inside vLLM included."""
     tools_s: float = 0.0
     env_s: float = 0.0
     total_s: float = 0.0

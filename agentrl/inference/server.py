@@ -307,14 +307,21 @@ class VLLMServerClient:
                     raise _request_error(r.status, await r.text(), len(prompt), self.config)
                 self._responses[request_id] = r
                 finish_reason = await self._read_stream(r, request_id)
-        except (aiohttp.ClientError, TimeoutError) as e:
-            if request_id not in self._inflight.aborted:
+        except Exception as e:
+            if request_id in self._inflight.aborted:
+                # We closed the stream ourselves: it may end in any broken state (a
+                # connection error, half a JSON line). Keep what was streamed.
+                finish_reason = "abort"
+            elif isinstance(e, aiohttp.ClientError | TimeoutError):
                 self._inflight.fail(request_id, e)
                 raise EngineError(
                     f"request {request_id!r} to {self.base_url} failed: {type(e).__name__}: "
                     f"{e} (deadline inference.request_timeout_s = "
                     f"{self.config.request_timeout_s} s)"
                 ) from e
+            else:
+                self._inflight.fail(request_id, e)
+                raise
         except BaseException as e:
             self._inflight.fail(request_id, e)
             raise
@@ -325,6 +332,8 @@ class VLLMServerClient:
     async def _read_stream(self, r: aiohttp.ClientResponse, request_id: str) -> Any:
         finish_reason = "abort"
         async for raw in r.content:
+            if request_id in self._inflight.aborted:
+                break
             line = raw.strip()
             if not line.startswith(b"data:"):
                 continue

@@ -264,8 +264,8 @@ class EpisodeRunner:
                 raise
             except Exception as e:
                 raise InfraError(
-                    f"the inference engine failed: {type(e).__name__}: {e}; the episode store "
-                    "keeps finished work: rerun with --resume"
+                    f"the inference engine failed: {type(e).__name__}: {e}; the run stops here "
+                    "(groups already completed were handed on and are kept)"
                 ) from e
             finally:
                 timings.generate_s += time.perf_counter() - t0

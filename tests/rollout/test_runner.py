@@ -185,3 +185,21 @@ def test_metrics_snapshot_has_percentiles() -> None:
     m.count("n", 2)
     snap = m.snapshot()
     assert snap["n"] == 2 and snap["x/max"] == 99 and 97 <= snap["x/p99"] <= 99
+
+
+async def test_an_engine_failure_stops_the_run_with_an_infra_error(tokenizer) -> None:
+    from agentrl.errors import InfraError
+
+    client = ScriptedClient(tokenizer, lambda p: "Guess: 50")
+
+    async def dead(*args: Any) -> Any:
+        raise ConnectionError("engine process died")
+
+    client.generate = dead  # type: ignore[method-assign]
+    runner = EpisodeRunner(client, tokenizer)
+    scheduler = Scheduler(runner, TrajectoryQueue(10), SchedulerConfig(concurrency=4))
+    with pytest.raises(ExceptionGroup) as info:
+        await scheduler.run(tasks_for("agentrl/GuessNumber-v0", 3))
+    errors = info.value.exceptions
+    assert all(isinstance(e, InfraError) for e in errors)
+    assert "engine process died" in str(errors[0]) and "the run stops" in str(errors[0])
