@@ -226,6 +226,15 @@ def parse_final_answer(text: str) -> int | None:
     return int(found[-1]) if found else None
 
 
+def final_answer_step(action: str, target: int) -> tuple[str, float, bool, bool, dict[str, Any]]:
+    """The step of a one-answer task: reward 1 if the turn's ``Answer: N`` equals ``target``."""
+    answer = parse_final_answer(action)
+    if answer is None:
+        return "", 0.0, True, False, {"reason": "no 'Answer: N' in the final turn"}
+    right = answer == target
+    return "", float(right), True, False, {"reason": "right" if right else "wrong answer"}
+
+
 def supports_state(env: Any) -> bool:
     """Whether ``env`` (unwrapped) overrides both ``get_state`` and ``set_state``."""
     inner = getattr(env, "unwrapped", env)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentrl.env import TextEnv, parse_final_answer
+from agentrl.env import TextEnv, final_answer_step
 from tools.python_sandbox import python
 
 
@@ -61,11 +61,7 @@ class PythonPuzzleEnv(TextEnv):
         return PUZZLES[self.kind][0].format(n=self.n), {"target": self.target}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        answer = parse_final_answer(action)
-        if answer is None:
-            return "", 0.0, True, False, {"reason": "no 'Answer: N' in the final turn"}
-        right = answer == self.target
-        return "", float(right), True, False, {"reason": "right" if right else "wrong answer"}
+        return final_answer_step(action, self.target)
 
     def get_state(self) -> dict[str, Any]:
         return {"kind": self.kind, "n": self.n}

@@ -15,7 +15,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from agentrl.env import TextEnv, parse_final_answer
+from agentrl.env import TextEnv, final_answer_step
 from tools.sqlite_query import sql_tool
 
 DEPARTMENTS = ("sales", "research", "support", "legal")
@@ -80,11 +80,7 @@ class SqlEnv(TextEnv):
         return QUESTIONS[self.kind][0].format(d=self.department), {"target": self.target}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        answer = parse_final_answer(action)
-        if answer is None:
-            return "", 0.0, True, False, {"reason": "no 'Answer: N' in the final turn"}
-        right = answer == self.target
-        return "", float(right), True, False, {"reason": "right" if right else "wrong answer"}
+        return final_answer_step(action, self.target)
 
     def get_state(self) -> dict[str, Any]:
         return {"db_seed": self.db_seed, "kind": self.kind, "department": self.department}
