@@ -63,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     roll = commands.add_parser(
         "rollout", help="run an env against a model for N episodes and record them"
     )
-    roll.add_argument("env_id", help="a registered id, e.g. agentrl/GuessNumber-v0")
+    roll.add_argument("env_id", nargs="?", help="a registered id, e.g. agentrl/GuessNumber-v0")
     roll.add_argument("--model", default="tiny", help="'tiny', a model folder, or a hub name")
     roll.add_argument("--episodes", type=int, default=64)
     roll.add_argument("--group-size", type=int, default=1, help="episodes per task (same seed)")
@@ -75,6 +75,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     roll.add_argument("--server", action="store_true", help="go through `vllm serve` over HTTP")
     roll.add_argument("--out", default=None, help="run directory (default runs/rollout-TIME)")
     roll.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the killed or interrupted run in --out with its recorded settings",
+    )
+    roll.add_argument(
         "--import",
         dest="imports",
         action="append",
@@ -82,6 +87,37 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="MODULE_OR_FILE",
         help="import this first (registers your env)",
     )
+
+    replay = commands.add_parser(
+        "replay",
+        help="list, show, verify, resume, fork or export recorded episodes",
+        description="Without EPISODE: list the run's episodes (filters apply). With EPISODE: "
+        "show its transcript, or --verify / --resume / --fork-at it.",
+    )
+    replay.add_argument("run_dir", help="a run directory (holds episodes.db)")
+    replay.add_argument("episode", nargs="?", help="an episode id from the list")
+    replay.add_argument("--attempt", type=int, default=None, help="default: the latest")
+    replay.add_argument("--state", action="append", default=None,
+                        help="filter: finished, truncated, failed, running, paused, retried, "
+                        "dropped (repeatable)")  # fmt: skip
+    replay.add_argument("--env", default=None, help="filter: env id")
+    replay.add_argument("--min-reward", type=float, default=None)
+    replay.add_argument("--max-reward", type=float, default=None)
+    replay.add_argument("--min-version-span", type=int, default=None,
+                        help="filter: sampled tokens span at least this many versions")  # fmt: skip
+    replay.add_argument("--limit", type=int, default=None)
+    action = replay.add_mutually_exclusive_group()
+    action.add_argument("--verify", action="store_true",
+                        help="replay the env from the seed with the recorded actions")  # fmt: skip
+    action.add_argument("--resume", action="store_true",
+                        help="continue an unfinished episode; stored as a new episode")  # fmt: skip
+    action.add_argument("--fork-at", type=int, default=None, metavar="TURN",
+                        help="branch at assistant turn TURN; show both endings")  # fmt: skip
+    action.add_argument("--export", default=None, metavar="FILE.jsonl",
+                        help="write the episode (or the filtered list) as JSONL")  # fmt: skip
+    replay.add_argument("--model", default=None, help="for --resume/--fork-at (default: the run's)")
+    replay.add_argument("--temperature", type=float, default=None)
+    replay.add_argument("--max-tokens", type=int, default=None, help="per assistant turn")
 
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -101,6 +137,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _check_env(args.env_id, args.imports)
         elif args.command == "rollout":
             return _rollout(args)
+        elif args.command == "replay":
+            return _replay(args)
     except AgentRLError as e:
         print(f"agentrl: error: {e}", file=sys.stderr)
         return 1
@@ -121,21 +159,117 @@ def _import_all(imports: Sequence[str]) -> None:
 def _rollout(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from agentrl.rollout.job import RolloutJob, run_rollout
+    from agentrl.errors import ConfigError
+    from agentrl.rollout.job import RolloutJob, resumed_job, run_rollout
 
     _import_all(args.imports)
+    if args.resume:
+        if args.out is None:
+            raise ConfigError("--resume needs --out RUN_DIR (the run to continue)")
+        job = resumed_job(Path(args.out), args.env_id)
+        summary = asyncio.run(run_rollout(job, resume=True))
+        return _print_rollout(summary, job.env_id, Path(args.out))
+    if args.env_id is None:
+        raise ConfigError("give the env id to roll out (or --resume --out RUN_DIR)")
     out = Path(args.out or f"runs/rollout-{time.strftime('%Y%m%d-%H%M%S')}")
     job = RolloutJob(env_id=args.env_id, episodes=args.episodes, out_dir=out, model=args.model,
                      group_size=args.group_size, concurrency=args.concurrency,
                      via_server=args.server, first_seed=args.seed, max_turns=args.max_turns,
                      max_tokens_per_turn=args.max_tokens, temperature=args.temperature)  # fmt: skip
     summary = asyncio.run(run_rollout(job))
-    lag = summary["metrics"].get("loop_lag_s/p99", float("nan"))
-    rate = summary["success_rate"]
-    print(f"{summary['episodes']} episodes of {args.env_id}: success {rate:.1%}, "
-          f"{summary['tokens_per_s']:,.0f} tokens/s, loop lag p99 {lag * 1000:.0f} ms; "
-          f"written to {out}")  # fmt: skip
+    return _print_rollout(summary, args.env_id, out)
+
+
+def _print_rollout(summary: dict[str, object], env_id: str, out: object) -> int:
+    metrics: dict[str, float] = summary["metrics"]  # type: ignore[assignment]
+    lag = metrics.get("loop_lag_s/p99", float("nan"))
+    resumed = metrics.get("episodes_resumed", 0)
+    print(f"{summary['episodes']} episodes of {env_id}: success {summary['success_rate']:.1%}, "
+          f"{summary['tokens_per_s']:,.0f} tokens/s, loop lag p99 {lag * 1000:.0f} ms"
+          + (f", {resumed:.0f} episodes continued from checkpoints" if summary["resumed"] else "")
+          + f"; written to {out}")  # fmt: skip
     return 0
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from agentrl import replay
+    from agentrl.errors import ConfigError
+    from agentrl.store import EpisodeStore
+
+    # wide enough when piped, so ids and reasons are not folded
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 220)
+    with EpisodeStore.open(Path(args.run_dir), create=False) as store:
+        filters = dict(state=args.state, env_id=args.env, min_reward=args.min_reward,
+                       max_reward=args.max_reward, min_version_span=args.min_version_span,
+                       limit=args.limit)  # fmt: skip
+        if args.episode is None:
+            if args.export:
+                n = replay.export(store, Path(args.export), **filters)
+                print(f"wrote {n} episodes to {args.export}")
+            elif args.verify or args.resume or args.fork_at is not None:
+                raise ConfigError("--verify, --resume and --fork-at need an EPISODE id")
+            else:
+                console.print(replay.list_episodes(store, **filters))
+            return 0
+        recorded = replay.load(store, args.episode, args.attempt)
+        settings = next((r["config"] for r in store.runs()), {})
+        model = args.model or settings.get("model", "tiny")
+        if args.export:
+            replay.export(store, Path(args.export), only=[recorded])
+            print(f"wrote {args.episode} (attempt {recorded.attempt}) to {args.export}")
+            return 0
+        if args.verify:
+            result = replay.verify(recorded)
+            if result.difference is None:
+                print(f"{args.episode}: reset and {result.steps} steps replayed from seed "
+                      f"{recorded.task.seed}; every observation, reward and end flag "
+                      "matches")  # fmt: skip
+                return 0
+            print(f"{args.episode}: differs at {result.difference}")
+            return 1
+        tokenizer = _tokenizer(model)
+        sampling = dict(
+            model=model,
+            temperature=args.temperature if args.temperature is not None
+            else settings.get("temperature", 1.0),
+            max_tokens=args.max_tokens or settings.get("max_tokens_per_turn", 64),
+            max_turns=settings.get("max_turns", 8),
+        )  # fmt: skip
+        if args.resume:
+            if recorded.partial is None:
+                raise ConfigError(
+                    f"{args.episode} already ended ({recorded.state}); --resume continues "
+                    f"unfinished episodes; use --fork-at TURN to branch an ended one"
+                )
+            new_id = replay.new_episode_id(store, f"{args.episode}~resumed")
+            done = asyncio.run(replay.continue_episode(store, recorded.partial, new_id,
+                                                       **sampling))  # fmt: skip
+            console.print(replay.transcript(done, tokenizer))
+            print(f"stored as {new_id}")
+            return 0
+        if args.fork_at is not None:
+            point = replay.fork_point(recorded, args.fork_at)
+            new_id = replay.new_episode_id(store, f"{args.episode}~fork@{args.fork_at}")
+            fork = asyncio.run(replay.continue_episode(store, point, new_id, **sampling))
+            title = (f"fork at turn {args.fork_at}: {model}, temperature "
+                     f"{sampling['temperature']}")  # fmt: skip
+            console.print(replay.side_by_side(recorded, fork, args.fork_at, tokenizer, title))
+            print(f"stored as {new_id}")
+            return 0
+        console.print(replay.transcript(recorded, _tokenizer(model)))
+    return 0
+
+
+def _tokenizer(model: str) -> object:
+    from transformers import AutoTokenizer
+
+    from agentrl.models import resolve_model
+
+    return AutoTokenizer.from_pretrained(resolve_model(model))
 
 
 def _check_env(env_id: str, imports: Sequence[str]) -> int:

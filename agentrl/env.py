@@ -27,6 +27,7 @@ Gymnasium's own registry. It never calls a model. The checks live in
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import string
 from collections.abc import Awaitable, Callable, Sequence
@@ -215,6 +216,30 @@ class EnvHandle:
 
     async def close(self) -> None:
         await asyncio.to_thread(self.env.close)
+
+    def get_state(self) -> dict[str, Any] | None:
+        """The env's snapshot when it has ``get_state`` and the snapshot is JSON; else None."""
+        if not supports_state(self.env):
+            return None
+        state = self.inner.get_state()
+        try:
+            json.dumps(state, allow_nan=False)
+        except (TypeError, ValueError):
+            return None  # not storable: resume will replay the actions instead
+        return state
+
+    async def set_state(self, state: dict[str, Any], steps: int) -> None:
+        """Restore a snapshot taken after ``steps`` steps (step limits count them too)."""
+        if self.is_async:
+            self.inner.set_state(state)
+        else:
+            await asyncio.to_thread(self.inner.set_state, state)
+        self.steps = steps
+        env: Any = self.env
+        while isinstance(env, gym.Wrapper):  # TimeLimit counts steps; carry them over
+            if hasattr(env, "_elapsed_steps"):
+                env._elapsed_steps = steps
+            env = env.env
 
 
 _FINAL_ANSWER = re.compile(r"Answer:\s*(-?\d{1,40})(?!\d)")

@@ -64,3 +64,7 @@ class EngineStartupError(EngineError):
 
 class WeightSyncError(InfraError):
     """New weights could not be loaded into the inference engine."""
+
+
+class StoreError(InfraError):
+    """The episode store cannot be read or written (corrupt, newer schema, disk full)."""

@@ -88,6 +88,12 @@ class Trajectory:
     attempt: int = 0
     timings: Timings = dataclasses.field(default_factory=Timings)
     info: dict[str, Any] = dataclasses.field(default_factory=dict)
+    env_log: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    """What the env saw and said, for replay: ``{"action": text}`` per env step with the
+    observation messages, reward and end flags it returned (the first entry is the
+    reset: ``{"obs": messages}``)."""
+    turn_starts: list[dict[str, int]] = dataclasses.field(default_factory=list)
+    """Where each assistant turn started (see :class:`PartialEpisode`): fork points."""
 
     def __post_init__(self) -> None:
         self.token_ids = _array(self.token_ids, np.int32)
@@ -188,6 +194,8 @@ class Trajectory:
             "messages": self.messages,
             "timings": self.timings.as_dict(),
             "info": self.info,
+            "env_log": self.env_log,
+            "turn_starts": self.turn_starts,
         }
 
     @classmethod
@@ -211,6 +219,8 @@ class Trajectory:
             attempt=data.get("attempt", 0),
             timings=Timings(**data.get("timings", {})),
             info=data.get("info", {}),
+            env_log=data.get("env_log", []),
+            turn_starts=data.get("turn_starts", []),
         )
 
 
@@ -255,3 +265,110 @@ class Group:
 
     def num_tokens(self) -> int:
         return sum(len(t) for t in self.trajectories)
+
+
+@dataclasses.dataclass(slots=True)
+class SegmentArrays:
+    """The token arrays of one segment of an unfinished episode."""
+
+    token_ids: np.ndarray
+    logprobs: np.ndarray
+    versions: np.ndarray
+    loss_mask: np.ndarray
+    spans: list[TokenSpan]
+
+    def __post_init__(self) -> None:
+        self.token_ids = _array(self.token_ids, np.int32)
+        self.logprobs = _array(self.logprobs, np.float32)
+        self.versions = _array(self.versions, np.int32)
+        self.loss_mask = _array(self.loss_mask, np.int8)
+
+
+@dataclasses.dataclass(slots=True)
+class PartialEpisode:
+    """An unfinished episode, exactly as far as it got: enough to continue it.
+
+    Written to the store when a weight update pauses the episode and at every turn
+    boundary; read back to resume after an update, after a crash, or to debug it.
+
+    Attributes:
+        version: the engine's policy version when the snapshot was taken.
+        segments: the token arrays so far (the last one is being extended).
+        turn: assistant turns completed.
+        turn_sampled: tokens of the current, unfinished assistant turn already sampled
+            (they end the last segment; 0 at a turn boundary).
+        last_finish: how the last completed assistant turn ended.
+        env_state: the env's ``get_state()`` when it has one, else None (then resume
+            replays ``env_log``'s actions from the seed).
+        turn_starts: for each assistant turn, where it started (``messages``,
+            ``segment``, ``tokens``, ``env_steps``, ``rewards``, ``tool_calls``): the
+            points a fork can branch at.
+    """
+
+    episode_id: str
+    task: Task
+    attempt: int
+    version: int
+    started_version: int
+    segments: list[SegmentArrays]
+    messages: list[Message]
+    tools: list[dict[str, Any]] | None
+    turn: int
+    turn_sampled: int
+    last_finish: str
+    segments_started: int
+    rewards: list[float]
+    tool_calls: int
+    env_state: dict[str, Any] | None
+    env_log: list[dict[str, Any]]
+    turn_starts: list[dict[str, int]]
+    timings: Timings = dataclasses.field(default_factory=Timings)
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def concatenated(self) -> dict[str, np.ndarray]:
+        """All segments' arrays end to end (segment bounds are in :meth:`meta`)."""
+        names = ("token_ids", "logprobs", "versions", "loss_mask")
+        return {
+            name: np.concatenate([getattr(s, name) for s in self.segments])
+            if self.segments
+            else np.zeros(0)
+            for name in names
+        }
+
+    def meta(self) -> dict[str, Any]:
+        """Everything but the arrays, as JSON-ready data."""
+        bounds, position = [], 0
+        for s in self.segments:
+            bounds.append(
+                (position, position + len(s.token_ids), [dataclasses.astuple(x) for x in s.spans])
+            )
+            position += len(s.token_ids)
+        return {
+            "episode_id": self.episode_id,
+            "task": dataclasses.asdict(self.task),
+            "attempt": self.attempt,
+            "version": self.version,
+            "started_version": self.started_version,
+            "segments": bounds,
+            "messages": self.messages,
+            "tools": self.tools,
+            "turn": self.turn,
+            "turn_sampled": self.turn_sampled,
+            "last_finish": self.last_finish,
+            "segments_started": self.segments_started,
+            "rewards": self.rewards,
+            "tool_calls": self.tool_calls,
+            "env_state": self.env_state,
+            "env_log": self.env_log,
+            "turn_starts": self.turn_starts,
+            "timings": self.timings.as_dict(),
+            "info": self.info,
+        }
+
+    @property
+    def num_sampled(self) -> int:
+        return int(sum(int(s.loss_mask.sum()) for s in self.segments))
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(s.token_ids) for s in self.segments)

@@ -26,7 +26,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from agentrl.types import NO_VERSION, Message, SpanKind, TokenSpan
+from agentrl.types import NO_VERSION, Message, PartialEpisode, SegmentArrays, SpanKind, TokenSpan
 
 
 def as_messages(obs: Any) -> list[Message]:
@@ -45,6 +45,31 @@ class Segment:
         self.versions: list[int] = []
         self.loss_mask: list[int] = []
         self.spans: list[TokenSpan] = []
+
+    def arrays(self) -> SegmentArrays:
+        return SegmentArrays(self.token_ids, self.logprobs, self.versions, self.loss_mask,
+                             list(self.spans))  # fmt: skip
+
+    @classmethod
+    def from_arrays(cls, arrays: SegmentArrays) -> Segment:
+        seg = cls()
+        seg.token_ids = arrays.token_ids.tolist()
+        seg.logprobs = arrays.logprobs.tolist()
+        seg.versions = arrays.versions.tolist()
+        seg.loss_mask = arrays.loss_mask.tolist()
+        seg.spans = list(arrays.spans)
+        return seg
+
+    def truncate(self, n: int) -> None:
+        """Keep the first ``n`` tokens (spans cut to match)."""
+        for name in ("token_ids", "logprobs", "versions", "loss_mask"):
+            del getattr(self, name)[n:]
+        spans = []
+        for span in self.spans:
+            if span.start >= n:
+                break
+            spans.append(TokenSpan(span.kind, span.start, min(span.end, n), span.turn))
+        self.spans = spans
 
     def append(self, kind: SpanKind, turn: int, ids: Sequence[int], logprobs: Sequence[float] = (),
                versions: Sequence[int] = ()) -> None:  # fmt: skip
@@ -94,6 +119,24 @@ class Conversation:
         self.turn = 0
         self._last_finish: str = "stop"
         self.current.append("prompt", 0, self.render(self.messages, add_generation_prompt=True))
+
+    @classmethod
+    def restore(cls, tokenizer: Any, partial: PartialEpisode) -> Conversation:
+        """The conversation of a checkpointed episode, token for token (nothing re-rendered)."""
+        self = cls.__new__(cls)
+        self.tokenizer = tokenizer
+        self.tools = partial.tools
+        self.messages = [dict(m) for m in partial.messages]
+        self.end_of_turn_ids = _end_of_turn_ids(tokenizer)
+        self.segments = [Segment.from_arrays(a) for a in partial.segments]
+        self.segments_started = partial.segments_started
+        self.turn = partial.turn
+        self._last_finish = partial.last_finish
+        return self
+
+    @property
+    def last_finish(self) -> str:
+        return self._last_finish
 
     @property
     def current(self) -> Segment:

@@ -156,11 +156,19 @@ class InferenceClient(Protocol):
         """Abort a request; return what it had produced, or None if it was not running."""
         ...
 
-    async def reload_weights(self, weights_dir: str, version: int | None = None) -> int:
-        """Load full weights (safetensors in ``weights_dir``); return the new version."""
+    async def reload_weights(
+        self, weights_dir: str, version: int | None = None, *, keep_inflight: bool = False
+    ) -> int:
+        """Load full weights (safetensors in ``weights_dir``); return the new version.
+
+        Requests in flight finish under the old weights first, unless ``keep_inflight``
+        freezes them and continues them under the new weights (KV from the old ones).
+        """
         ...
 
-    async def load_lora_adapter(self, adapter_dir: str, version: int | None = None) -> int:
+    async def load_lora_adapter(
+        self, adapter_dir: str, version: int | None = None, *, keep_inflight: bool = False
+    ) -> int:
         """Serve every later request with this peft adapter; return the new version."""
         ...
 

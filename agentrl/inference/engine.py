@@ -207,34 +207,34 @@ class VLLMEngineClient:
         except Exception:
             return None
 
-    async def reload_weights(self, weights_dir: str, version: int | None = None) -> int:
+    async def reload_weights(
+        self, weights_dir: str, version: int | None = None, *, keep_inflight: bool = False
+    ) -> int:
         """Load the safetensors in ``weights_dir`` into the running engine.
 
-        Requests in flight finish under the old weights first (vLLM's pause in
-        ``wait`` mode), so every token keeps a true version label; the rollout
-        controller aborts long requests before calling this.
+        By default requests in flight finish under the old weights first (vLLM's pause
+        in ``wait`` mode), so every token keeps a true version label; the rollout
+        controller aborts long requests before calling this. With ``keep_inflight``
+        they are frozen instead (``keep`` mode) and continue under the new weights
+        with the KV cache computed by the old ones.
         """
-        new_version = self._version + 1 if version is None else version
-        async with self._update_lock:
-            try:
-                await self._engine.pause_generation(mode="wait")
-                try:
-                    await self._engine.collective_rpc(
-                        "reload_weights", kwargs={"weights_path": str(weights_dir)}
-                    )
-                    await self._engine.reset_prefix_cache()
-                    await self._engine.update_weight_version(str(new_version))
-                    self._version = new_version
-                finally:
-                    await self._engine.resume_generation()
-            except Exception as e:
-                raise WeightSyncError(
-                    f"reloading weights from {str(weights_dir)!r} failed: {e}"
-                ) from e
-        return new_version
 
-    async def load_lora_adapter(self, adapter_dir: str, version: int | None = None) -> int:
-        """Serve later requests with the peft adapter saved in ``adapter_dir``."""
+        async def reload() -> None:
+            await self._engine.collective_rpc(
+                "reload_weights", kwargs={"weights_path": str(weights_dir)}
+            )
+
+        return await self._update(f"reloading weights from {str(weights_dir)!r}", reload,
+                                  version, keep_inflight)  # fmt: skip
+
+    async def load_lora_adapter(
+        self, adapter_dir: str, version: int | None = None, *, keep_inflight: bool = False
+    ) -> int:
+        """Serve later requests with the peft adapter saved in ``adapter_dir``.
+
+        Requests in flight keep the adapter they started with (vLLM binds a request to
+        its LoRA at admission), whatever ``keep_inflight`` says.
+        """
         from vllm.lora.request import LoRARequest
 
         if not self.config.enable_lora:
@@ -242,25 +242,38 @@ class VLLMEngineClient:
                 "this engine was started without LoRA; set inference.enable_lora = true"
             )
         new_version = self._version + 1 if version is None else version
-        async with self._update_lock:
+
+        async def load() -> None:
             self._lora_ids += 1
             request = LoRARequest(f"adapter-v{new_version}", self._lora_ids, str(adapter_dir))
+            await self._engine.add_lora(request)
+            previous, self._lora = self._lora, request
+            if previous is not None and not keep_inflight:
+                await self._engine.remove_lora(previous.lora_int_id)
+
+        return await self._update(f"loading the LoRA adapter in {str(adapter_dir)!r}", load,
+                                  new_version, keep_inflight)  # fmt: skip
+
+    async def _update(
+        self, action: str, load: Any, version: int | None, keep_inflight: bool
+    ) -> int:
+        new_version = self._version + 1 if version is None else version
+        async with self._update_lock:
             try:
-                await self._engine.pause_generation(mode="wait")
+                if keep_inflight:
+                    await self._engine.pause_generation(mode="keep", clear_cache=False)
+                else:
+                    await self._engine.pause_generation(mode="wait")
                 try:
-                    await self._engine.add_lora(request)
-                    previous, self._lora = self._lora, request
-                    if previous is not None:
-                        await self._engine.remove_lora(previous.lora_int_id)
+                    await load()
+                    # With frozen requests holding blocks this may not clear everything.
                     await self._engine.reset_prefix_cache()
                     await self._engine.update_weight_version(str(new_version))
                     self._version = new_version
                 finally:
                     await self._engine.resume_generation()
             except Exception as e:
-                raise WeightSyncError(
-                    f"loading the LoRA adapter in {str(adapter_dir)!r} failed: {e}"
-                ) from e
+                raise WeightSyncError(f"{action} failed: {e}") from e
         return new_version
 
     async def close(self) -> None:

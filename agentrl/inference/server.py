@@ -364,10 +364,13 @@ class VLLMServerClient:
         except Exception:
             return None
 
-    async def _paused(self, action: str, steps: Sequence[tuple[str, str, dict[str, Any]]]) -> None:
-        """Run admin steps between /pause (wait mode) and /resume."""
+    async def _paused(
+        self, action: str, steps: Sequence[tuple[str, str, dict[str, Any]]], keep: bool = False
+    ) -> None:
+        """Run admin steps between /pause (``wait`` mode, or ``keep``) and /resume."""
+        params = {"mode": "keep", "clear_cache": "false"} if keep else {"mode": "wait"}
         try:
-            await self._call("POST", "/pause", params={"mode": "wait"})
+            await self._call("POST", "/pause", params=params)
             try:
                 for method, path, kwargs in steps:
                     await self._call(method, path, **kwargs)
@@ -376,7 +379,9 @@ class VLLMServerClient:
         except EngineError as e:
             raise WeightSyncError(f"{action} on {self.base_url} failed: {e}") from e
 
-    async def reload_weights(self, weights_dir: str, version: int | None = None) -> int:
+    async def reload_weights(
+        self, weights_dir: str, version: int | None = None, *, keep_inflight: bool = False
+    ) -> int:
         new_version = self._version + 1 if version is None else version
         rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(weights_dir)}}
         async with self._update_lock:
@@ -387,11 +392,14 @@ class VLLMServerClient:
                     ("POST", "/reset_prefix_cache", {}),
                     ("POST", "/update_weight_version", {"json": {"new_version": str(new_version)}}),
                 ],
+                keep=keep_inflight,
             )
             self._version = new_version
         return new_version
 
-    async def load_lora_adapter(self, adapter_dir: str, version: int | None = None) -> int:
+    async def load_lora_adapter(
+        self, adapter_dir: str, version: int | None = None, *, keep_inflight: bool = False
+    ) -> int:
         new_version = self._version + 1 if version is None else version
         name = f"adapter-v{new_version}"
         async with self._update_lock:
@@ -402,9 +410,11 @@ class VLLMServerClient:
                 ("POST", "/reset_prefix_cache", {}),
                 ("POST", "/update_weight_version", {"json": {"new_version": str(new_version)}}),
             ]  # fmt: skip
-            if previous is not None:
+            if previous is not None and not keep_inflight:
                 steps.append(("POST", "/v1/unload_lora_adapter", {"json": {"lora_name": previous}}))
-            await self._paused(f"loading the LoRA adapter in {str(adapter_dir)!r}", steps)
+            await self._paused(
+                f"loading the LoRA adapter in {str(adapter_dir)!r}", steps, keep=keep_inflight
+            )
             self._served_name = name
             self._version = new_version
         return new_version

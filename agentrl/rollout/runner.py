@@ -16,6 +16,13 @@ What ends an episode, and how it is recorded:
 
 Engine failures are not episode failures: they raise :class:`InfraError` and stop the
 run. Sync envs and tools run in worker threads; only the event loop coordinates.
+
+Pausing and resuming: before each generation call the runner passes the admission
+gate; while a weight update holds it closed, the episode is *parked* (its state is
+readable through :meth:`EpisodeRunner.snapshot`). An aborted generation hands back
+its tokens, and the runner continues from the exact prefix once the gate opens. At
+every turn boundary the episode is offered to ``checkpoint`` as a
+:class:`~agentrl.types.PartialEpisode`; :meth:`EpisodeRunner.resume` continues one.
 """
 
 from __future__ import annotations
@@ -28,12 +35,12 @@ from collections.abc import Callable
 from typing import Any
 
 from agentrl.chat import Conversation, as_messages
-from agentrl.env import EnvHandle, make_env
+from agentrl.env import EnvHandle, make_env, supports_state
 from agentrl.errors import ContextOverflowError, InfraError
 from agentrl.inference.base import InferenceClient, SamplingConfig
 from agentrl.metrics import Metrics
 from agentrl.tools import ToolSet
-from agentrl.types import EpisodeStatus, Task, Timings, Trajectory
+from agentrl.types import EpisodeStatus, PartialEpisode, Task, Timings, Trajectory
 
 _request_ids = itertools.count()
 
@@ -69,7 +76,7 @@ class EpisodeProgress:
     env_id: str
     turn: int = 0
     phase: str = "env"
-    """What it waits on now: engine, tool or env."""
+    """What it waits on now: engine, tool, env, or paused (held for a weight update)."""
     started_version: int = 0
     sampled: int = 0
     started_at: float = dataclasses.field(default_factory=time.monotonic)
@@ -77,6 +84,38 @@ class EpisodeProgress:
 
 class EnvFailure(Exception):
     """The env raised or misbehaved; the episode fails with this reason."""
+
+
+class EpisodeDropped(Exception):
+    """A weight update discarded this unfinished episode (``drop`` policy); run it again."""
+
+    def __init__(self, episode_id: str, reason: str, tokens_discarded: int) -> None:
+        super().__init__(f"episode {episode_id!r} dropped: {reason}")
+        self.reason = reason
+        self.tokens_discarded = tokens_discarded
+
+
+@dataclasses.dataclass(slots=True)
+class _Episode:
+    """Everything one running episode holds; what a checkpoint saves."""
+
+    task: Task
+    episode_id: str
+    attempt: int
+    started_version: int
+    progress: EpisodeProgress
+    timings: Timings = dataclasses.field(default_factory=Timings)
+    rewards: list[float] = dataclasses.field(default_factory=list)
+    env_log: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    turn_starts: list[dict[str, int]] = dataclasses.field(default_factory=list)
+    tool_calls: int = 0
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)
+    handle: EnvHandle | None = None
+    toolset: ToolSet | None = None
+    conversation: Conversation | None = None
+    pending: list[int] = dataclasses.field(default_factory=list)
+    """Tokens sampled so far in the current, unfinished assistant turn."""
+    drop_reason: str | None = None
 
 
 class EpisodeRunner:
@@ -89,7 +128,9 @@ class EpisodeRunner:
         metrics: where counts and timings go.
         make: builds an env from an id and keyword arguments (default: Gymnasium).
         admission: awaited before every generation call; a weight update closes it to
-            hold new requests back (see the rollout controller).
+            hold new requests back (see :class:`~agentrl.rollout.controller.RolloutController`).
+        checkpoint: called with a :class:`PartialEpisode` at every turn boundary (the
+            store writer batches them); None: no per-turn checkpoints.
     """
 
     def __init__(
@@ -101,6 +142,7 @@ class EpisodeRunner:
         metrics: Metrics | None = None,
         make: Callable[..., Any] = make_env,
         admission: asyncio.Event | None = None,
+        checkpoint: Callable[[PartialEpisode], Any] | None = None,
     ) -> None:
         self.client = client
         self.tokenizer = tokenizer
@@ -108,74 +150,120 @@ class EpisodeRunner:
         self.metrics = metrics or Metrics()
         self.make = make
         self.admission = admission
+        self.checkpoint = checkpoint
         self.live: dict[str, EpisodeProgress] = {}
+        self.parked: dict[str, _Episode] = {}
+        """Episodes held at the admission gate (paused), by episode id."""
+        self._parked_changed = asyncio.Condition()
 
     async def run(self, task: Task, episode_id: str, attempt: int = 0) -> list[Trajectory]:
-        """Run one episode; return its trajectory (several if the template re-segmented)."""
-        progress = EpisodeProgress(episode_id, task.env_id, started_version=self.client.version)
-        self.live[episode_id] = progress
-        self.metrics.count("episodes_started")
-        try:
-            return await self._run(task, episode_id, attempt, progress)
-        finally:
-            del self.live[episode_id]
+        """Run one episode; return its trajectory (several if the template re-segmented).
 
-    async def _run(
-        self, task: Task, episode_id: str, attempt: int, progress: EpisodeProgress
-    ) -> list[Trajectory]:
+        Raises:
+            EpisodeDropped: a weight update in ``drop`` mode discarded it.
+        """
+        ep = self._new(task, episode_id, attempt, self.client.version)
+        return await self._execute(ep, None)
+
+    async def resume(self, partial: PartialEpisode) -> list[Trajectory]:
+        """Continue a checkpointed episode from its exact token prefix.
+
+        The env is rebuilt from the seed and restored with ``set_state`` when the
+        checkpoint holds its state, or by replaying the recorded actions; a replay
+        that does not reproduce the recorded observations fails the episode (the env
+        is not deterministic from its seed).
+        """
+        ep = self._new(partial.task, partial.episode_id, partial.attempt, partial.started_version)
+        return await self._execute(ep, partial)
+
+    def _new(self, task: Task, episode_id: str, attempt: int, version: int) -> _Episode:
+        progress = EpisodeProgress(episode_id, task.env_id, started_version=version)
+        return _Episode(task, episode_id, attempt, version, progress)
+
+    def snapshot(self, episode_id: str) -> PartialEpisode:
+        """A checkpoint of a parked episode (see :attr:`parked`)."""
+        return self._snapshot(self.parked[episode_id])
+
+    def drop(self, episode_id: str, reason: str) -> int:
+        """Discard a parked episode when it is released; return its sampled tokens."""
+        ep = self.parked[episode_id]
+        ep.drop_reason = reason
+        conv = ep.conversation
+        return sum(sum(s.loss_mask) for s in conv.segments) if conv is not None else 0
+
+    async def wait_parked(self, episode_ids: set[str]) -> None:
+        """Wait until each of these episodes is parked at the gate or has ended."""
+        async with self._parked_changed:
+            await self._parked_changed.wait_for(
+                lambda: all(e in self.parked or e not in self.live for e in episode_ids)
+            )
+
+    async def _notify_parked(self) -> None:
+        async with self._parked_changed:
+            self._parked_changed.notify_all()
+
+    async def _execute(self, ep: _Episode, partial: PartialEpisode | None) -> list[Trajectory]:
+        if ep.episode_id in self.live:
+            raise ValueError(f"episode {ep.episode_id!r} is already running")
+        self.live[ep.episode_id] = ep.progress
+        self.metrics.count("episodes_resumed" if partial else "episodes_started")
+        try:
+            return await self._drive(ep, partial)
+        finally:
+            del self.live[ep.episode_id]
+            self.parked.pop(ep.episode_id, None)
+            await self._notify_parked()
+
+    async def _drive(self, ep: _Episode, partial: PartialEpisode | None) -> list[Trajectory]:
         cfg = self.config
-        timings = Timings()
-        t_start = time.perf_counter()
-        rewards: list[float] = []
+        t_start = time.perf_counter() - ep.timings.total_s
         status: EpisodeStatus = "truncated"
         reason = f"turn limit ({cfg.max_turns}) reached"
-        info: dict[str, Any] = {}
-        conversation: Conversation | None = None
-        handle: EnvHandle | None = None
         try:
-            handle = await self._env_call(timings, "make", self._build, task)
-            obs, info = await self._env_call(
-                timings, "reset", _checked_reset, handle, task.seed, task.options
-            )
-            toolset = ToolSet(handle.tools, timeout_s=cfg.tool_timeout_s)
-            messages = as_messages(obs)
-            if handle.system_prompt and (not messages or messages[0]["role"] != "system"):
-                messages.insert(0, {"role": "system", "content": handle.system_prompt})
-            conversation = Conversation(self.tokenizer, messages, tools=toolset.schemas or None)
-            tool_calls = 0
+            if partial is None:
+                await self._start(ep)
+            else:
+                await self._restore(ep, partial)
+            conversation, toolset = ep.conversation, ep.toolset
+            assert conversation is not None and toolset is not None
             max_len = self.client.max_model_len
             while conversation.turn < cfg.max_turns:
-                progress.turn = conversation.turn
-                if len(conversation) >= max_len:
-                    status, reason = "truncated", "context window full"
-                    break
-                text, finish = await self._sample(conversation, progress, timings)
+                ep.progress.turn = conversation.turn
+                if not ep.pending:
+                    if len(conversation) >= max_len:
+                        status, reason = "truncated", "context window full"
+                        break
+                    ep.turn_starts.append(self._turn_start(ep))
+                text, finish = await self._sample(ep)
                 if finish == "length" and len(conversation) >= max_len:
                     status, reason = "truncated", "context window full"
                     break
                 parsed = toolset.parse(text)
                 if parsed.has_tool_activity:
-                    tool_calls += len(parsed.calls) + len(parsed.errors)
-                    if tool_calls > cfg.max_tool_calls:
+                    ep.tool_calls += len(parsed.calls) + len(parsed.errors)
+                    if ep.tool_calls > cfg.max_tool_calls:
                         status, reason = "truncated", f"tool-call limit ({cfg.max_tool_calls})"
                         break
-                    progress.phase = "tool"
+                    ep.progress.phase = "tool"
                     t0 = time.perf_counter()
                     results = [await toolset.call(c) for c in parsed.calls] + list(parsed.errors)
-                    timings.tools_s += time.perf_counter() - t0
-                    rewards.append(0.0)
+                    ep.timings.tools_s += time.perf_counter() - t0
+                    ep.rewards.append(0.0)
                     tool_messages = [
                         {"role": "tool", "name": r.name, "content": r.content} for r in results
                     ]
                     if not conversation.add_messages(tool_messages, "tool", max_len):
                         status, reason = "truncated", "context window full"
                         break
+                    self._checkpoint(ep, t_start)
                     continue
-                progress.phase = "env"
+                ep.progress.phase = "env"
                 obs, reward, terminated, truncated, info = await self._env_call(
-                    timings, "step", _checked_step, handle, text
+                    ep.timings, "step", _checked_step, ep.handle, text
                 )
-                rewards.append(float(reward))
+                ep.info = info
+                ep.rewards.append(float(reward))
+                ep.env_log.append(_log_step(text, obs, reward, terminated, truncated))
                 if terminated or truncated:
                     status = "finished" if terminated else "truncated"
                     reason = str(
@@ -185,31 +273,134 @@ class EpisodeRunner:
                 if not conversation.add_messages(as_messages(obs), "env", max_len):
                     status, reason = "truncated", "context window full"
                     break
+                self._checkpoint(ep, t_start)
             for kind, n in toolset.errors.items():
                 self.metrics.count(f"tool_errors/{kind}", n)
         except EnvFailure as e:
             status, reason = "failed", str(e)
         finally:
-            if handle is not None:
+            if ep.handle is not None:
                 try:
-                    await handle.close()
+                    await ep.handle.close()
                 except Exception as e:  # a failing close must not lose the episode
                     self.metrics.count("env_close_errors")
-                    info = {**info, "close_error": f"{type(e).__name__}: {e}"}
-        timings.total_s = time.perf_counter() - t_start
+                    ep.info = {**ep.info, "close_error": f"{type(e).__name__}: {e}"}
+        ep.timings.total_s = time.perf_counter() - t_start
         self.metrics.count(f"episodes_{status}")
-        if conversation is None:  # failed before the first render: an empty record
-            self.metrics.count(f"failures/{reason.split(':')[0]}")
-            return [self._trajectory(task, episode_id, attempt, None, 0, status, reason, rewards,
-                                     timings, info)]  # fmt: skip
+        conversation = ep.conversation
         if status == "failed":
             self.metrics.count(f"failures/{reason.split(':')[0]}")
+        if conversation is None:  # failed before the first render: an empty record
+            return [self._trajectory(ep, None, 0, status, reason)]
         self.metrics.count("template_new_segments", conversation.segments_started)
         return [
-            self._trajectory(task, episode_id, attempt, conversation, i, status, reason, rewards,
-                             timings, info)
+            self._trajectory(ep, conversation, i, status, reason)
             for i in range(len(conversation.segments))
-        ]  # fmt: skip
+        ]
+
+    async def _start(self, ep: _Episode) -> None:
+        task = ep.task
+        ep.handle = await self._env_call(ep.timings, "make", self._build, task)
+        obs, ep.info = await self._env_call(
+            ep.timings, "reset", _checked_reset, ep.handle, task.seed, task.options
+        )
+        ep.toolset = ToolSet(ep.handle.tools, timeout_s=self.config.tool_timeout_s)
+        messages = as_messages(obs)
+        ep.env_log.append({"obs": messages})
+        if ep.handle.system_prompt and (not messages or messages[0]["role"] != "system"):
+            messages = [{"role": "system", "content": ep.handle.system_prompt}, *messages]
+        ep.conversation = Conversation(self.tokenizer, messages, tools=ep.toolset.schemas or None)
+
+    async def _restore(self, ep: _Episode, p: PartialEpisode) -> None:
+        task = ep.task
+        ep.timings = dataclasses.replace(p.timings)
+        ep.handle = await self._env_call(ep.timings, "make", self._build, task)
+        obs, ep.info = await self._env_call(
+            ep.timings, "reset", _checked_reset, ep.handle, task.seed, task.options
+        )
+        steps = len(p.env_log) - 1
+        if p.env_state is not None and supports_state(ep.handle.env):
+            await self._env_call(ep.timings, "set_state", ep.handle.set_state, p.env_state, steps)
+        else:
+            expected = p.env_log[0].get("obs") if p.env_log else None
+            if expected is not None and as_messages(obs) != expected:
+                raise EnvFailure(
+                    "env_replay: reset(seed) gave a different first observation than the "
+                    "recorded one; the env is not deterministic from its seed (give it "
+                    "get_state/set_state to make it resumable)"
+                )
+            for i, entry in enumerate(p.env_log[1:], start=1):
+                obs, *_rest = await self._env_call(
+                    ep.timings, "replay step", _checked_step, ep.handle, entry["action"]
+                )
+                if as_messages(obs) != entry["obs"]:
+                    raise EnvFailure(
+                        f"env_replay: replaying step {i} gave a different observation than the "
+                        "recorded one; the env is not deterministic from its seed and actions "
+                        "(give it get_state/set_state to make it resumable)"
+                    )
+        ep.toolset = ToolSet(ep.handle.tools, timeout_s=self.config.tool_timeout_s)
+        ep.conversation = Conversation.restore(self.tokenizer, p)
+        if p.tools is None:  # a fork built from a trajectory: the env declares them
+            ep.conversation.tools = ep.toolset.schemas or None
+        ep.rewards = list(p.rewards)
+        ep.env_log = [dict(e) for e in p.env_log]
+        ep.turn_starts = [dict(t) for t in p.turn_starts]
+        ep.tool_calls = p.tool_calls
+        ep.info = dict(p.info)
+        if p.turn_sampled:
+            ep.pending = list(ep.conversation.token_ids[-p.turn_sampled :])
+        ep.progress.sampled = p.num_sampled
+
+    def _turn_start(self, ep: _Episode) -> dict[str, int]:
+        conv = ep.conversation
+        assert conv is not None
+        return {
+            "messages": len(conv.messages),
+            "segment": len(conv.segments) - 1,
+            "tokens": len(conv),
+            "env_steps": len(ep.env_log) - 1,
+            "rewards": len(ep.rewards),
+            "tool_calls": ep.tool_calls,
+        }
+
+    def _snapshot(self, ep: _Episode) -> PartialEpisode:
+        conv = ep.conversation
+        handle = ep.handle
+        assert conv is not None and handle is not None
+        return PartialEpisode(
+            episode_id=ep.episode_id,
+            task=ep.task,
+            attempt=ep.attempt,
+            version=self.client.version,
+            started_version=ep.started_version,
+            segments=[s.arrays() for s in conv.segments],
+            messages=[dict(m) for m in conv.messages],
+            tools=conv.tools,
+            turn=conv.turn,
+            turn_sampled=len(ep.pending),
+            last_finish=conv.last_finish,
+            segments_started=conv.segments_started,
+            rewards=list(ep.rewards),
+            tool_calls=ep.tool_calls,
+            env_state=handle.get_state(),
+            env_log=[dict(e) for e in ep.env_log],
+            turn_starts=[dict(t) for t in ep.turn_starts],
+            timings=dataclasses.replace(ep.timings),
+            info=_jsonable(ep.info),
+        )
+
+    def _checkpoint(self, ep: _Episode, t_start: float) -> None:
+        if self.checkpoint is None:
+            return
+        ep.timings.total_s = time.perf_counter() - t_start
+        try:
+            snapshot = self._snapshot(ep)
+        except Exception as e:  # an env whose get_state raises: resume will replay
+            self.metrics.count("checkpoint_errors")
+            ep.info = {**ep.info, "checkpoint_error": f"{type(e).__name__}: {e}"}
+            return
+        self.checkpoint(snapshot)
 
     async def _build(self, task: Task) -> EnvHandle:
         return EnvHandle(await asyncio.to_thread(self.make, task.env_id, **task.env_kwargs))
@@ -226,25 +417,42 @@ class EpisodeRunner:
             raise EnvFailure(
                 f"env_timeout: {name} took longer than {self.config.env_timeout_s} s"
             ) from None
-        except (InfraError, asyncio.CancelledError):
+        except (InfraError, EnvFailure, asyncio.CancelledError):
             raise
         except Exception as e:
             raise EnvFailure(f"env_exception: {name} raised {type(e).__name__}: {e}") from e
         finally:
             timings.env_s += time.perf_counter() - t0
 
-    async def _sample(
-        self, conversation: Conversation, progress: EpisodeProgress, timings: Timings
-    ) -> tuple[str, str]:
+    async def _park(self, ep: _Episode) -> None:
+        """Wait at the closed admission gate (a weight update is running)."""
+        assert self.admission is not None
+        progress = ep.progress
+        phase, progress.phase = progress.phase, "paused"
+        self.parked[ep.episode_id] = ep
+        await self._notify_parked()
+        t0 = time.perf_counter()
+        try:
+            await self.admission.wait()
+        finally:
+            ep.timings.engine_wait_s += time.perf_counter() - t0
+            self.parked.pop(ep.episode_id, None)
+            progress.phase = phase
+        if ep.drop_reason is not None:
+            conv = ep.conversation
+            tokens = sum(sum(s.loss_mask) for s in conv.segments) if conv else 0
+            raise EpisodeDropped(ep.episode_id, ep.drop_reason, tokens)
+
+    async def _sample(self, ep: _Episode) -> tuple[str, str]:
         """Generate one assistant turn; continue after aborts from the exact prefix."""
+        conversation = ep.conversation
+        assert conversation is not None
         budget = self.config.max_tokens_per_turn
-        sampled: list[int] = []
-        progress.phase = "engine"
+        sampled = ep.pending
+        ep.progress.phase = "engine"
         while True:
             if self.admission is not None and not self.admission.is_set():
-                t0 = time.perf_counter()
-                await self.admission.wait()
-                timings.engine_wait_s += time.perf_counter() - t0
+                await self._park(ep)
             room = self.client.max_model_len - len(conversation)
             max_tokens = min(budget - len(sampled), room)
             if max_tokens < 1:
@@ -255,7 +463,7 @@ class EpisodeRunner:
                 gen = await self.client.generate(
                     conversation.token_ids,
                     self.config.sampling(max_tokens),
-                    f"{progress.episode_id}-{next(_request_ids)}",
+                    f"{ep.episode_id}-{next(_request_ids)}",
                 )
             except ContextOverflowError:
                 finish = "length"
@@ -268,30 +476,26 @@ class EpisodeRunner:
                     "(groups already completed were handed on and are kept)"
                 ) from e
             finally:
-                timings.generate_s += time.perf_counter() - t0
+                ep.timings.generate_s += time.perf_counter() - t0
             conversation.add_sampled(gen.token_ids, gen.logprobs, gen.versions)
             sampled.extend(gen.token_ids)
-            progress.sampled += len(gen.token_ids)
+            ep.progress.sampled += len(gen.token_ids)
             self.metrics.count("tokens_sampled", len(gen.token_ids))
             if gen.finish_reason != "abort":
                 finish = gen.finish_reason
                 break
             self.metrics.count("generations_resumed")
         conversation.end_assistant_turn(conversation.decode(sampled), finish)
+        ep.pending = []
         return conversation.messages[-1]["content"], finish
 
     def _trajectory(
         self,
-        task: Task,
-        episode_id: str,
-        attempt: int,
+        ep: _Episode,
         conversation: Conversation | None,
         index: int,
         status: EpisodeStatus,
         reason: str,
-        rewards: list[float],
-        timings: Timings,
-        info: dict[str, Any],
     ) -> Trajectory:
         if conversation is None:
             arrays: dict[str, Any] = dict(token_ids=[], logprobs=[], versions=[], loss_mask=[],
@@ -303,21 +507,30 @@ class EpisodeRunner:
                           loss_mask=seg.loss_mask, spans=tuple(seg.spans))  # fmt: skip
             messages = conversation.messages
         return Trajectory(
-            episode_id=episode_id,
-            task_id=task.task_id,
-            env_id=task.env_id,
-            seed=task.seed,
+            episode_id=ep.episode_id,
+            task_id=ep.task.task_id,
+            env_id=ep.task.env_id,
+            seed=ep.task.seed,
             messages=messages,
-            turn_rewards=list(rewards),
-            reward=float(sum(rewards)),
+            turn_rewards=list(ep.rewards),
+            reward=float(sum(ep.rewards)),
             status=status,
             reason=reason,
             segment=index,
-            attempt=attempt,
-            timings=timings,
-            info=_jsonable(info),
+            attempt=ep.attempt,
+            timings=ep.timings,
+            info=_jsonable(ep.info),
+            env_log=ep.env_log,
+            turn_starts=ep.turn_starts,
             **arrays,
         )
+
+
+def _log_step(
+    action: str, obs: Any, reward: float, terminated: bool, truncated: bool
+) -> dict[str, Any]:
+    return {"action": action, "obs": as_messages(obs), "reward": reward,
+            "terminated": terminated, "truncated": truncated}  # fmt: skip
 
 
 async def _checked_reset(

@@ -18,7 +18,14 @@ time, and an episode admitted at version ``v`` is trained by version
 
 Failures: an episode that fails (env exception, env timeout) is retried with a fresh
 env up to ``max_retries`` times; its failed attempts are kept in ``failed_attempts``
-with their reasons. An infrastructure error stops the whole run.
+with their reasons. An episode discarded by a weight update (``drop`` policy) runs
+again without using up a retry. An infrastructure error stops the whole run.
+
+Durability (with a :class:`~agentrl.store.StoreWriter`): each task is recorded when
+admitted, each episode when it starts and when it ends, and a group is queued only
+after it is durably marked complete. With ``resume=True`` every task first consults
+the store: episodes that already ended are taken from it, checkpointed ones continue
+from their checkpoint, and only the rest run from the start.
 """
 
 from __future__ import annotations
@@ -32,8 +39,9 @@ from typing import Any
 from agentrl.errors import ConfigError
 from agentrl.metrics import Metrics
 from agentrl.queue import TrajectoryQueue
-from agentrl.rollout.runner import EpisodeRunner
-from agentrl.types import Group, Task, Trajectory
+from agentrl.rollout.runner import EpisodeDropped, EpisodeRunner
+from agentrl.store import StoreWriter
+from agentrl.types import Group, PartialEpisode, Task, Trajectory
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -86,6 +94,8 @@ class Scheduler:
         version: Callable[[], int] | None = None,
         metrics: Metrics | None = None,
         on_group: Callable[[Group], Any] | None = None,
+        writer: StoreWriter | None = None,
+        resume: bool = False,
     ) -> None:
         self.runner = runner
         self.queue = queue
@@ -93,6 +103,10 @@ class Scheduler:
         self.version = version or (lambda: runner.client.version)
         self.metrics = metrics or runner.metrics
         self.on_group = on_group
+        self.writer = writer
+        self.resume = resume
+        if resume and writer is None:
+            raise ConfigError("resuming needs the run's episode store (a StoreWriter)")
         self.slots = asyncio.Semaphore(self.config.concurrency)
         self.started = 0
         self.in_flight = 0
@@ -145,29 +159,96 @@ class Scheduler:
 
     async def _run_group(self, task: Task) -> None:
         size = self.config.group_size
-        results = await asyncio.gather(*(self._run_episode(task, i) for i in range(size)))
+        ended: dict[str, list[Trajectory]] = {}
+        partials: dict[str, PartialEpisode] = {}
+        attempts: dict[str, int] = {}
+        if self.writer is not None:
+            if self.resume:
+                ended, partials, attempts = await asyncio.to_thread(self._stored, task, size)
+            else:
+                self.writer.task(task, size)
+        results = await asyncio.gather(
+            *(
+                self._run_episode(task, i, ended, partials.get(f"{task.task_id}/{i}"), attempts)
+                for i in range(size)
+            )
+        )
         group = Group(task, size, [t for episode in results for t in episode])
         self.groups_done += 1
         self.metrics.count("groups_done")
+        if self.writer is not None:
+            self.writer.group(group)
+            await self.writer.flush()  # durable before anyone can train on it
         if self.on_group is not None:
             self.on_group(group)
         await self.queue.put(group)
 
-    async def _run_episode(self, task: Task, index: int) -> list[Trajectory]:
+    def _stored(
+        self, task: Task, size: int
+    ) -> tuple[dict[str, list[Trajectory]], dict[str, PartialEpisode], dict[str, int]]:
+        store = self.writer.store  # type: ignore[union-attr]
+        if store.add_tasks([task], size) == 0 and store.group_size(task.task_id) != size:
+            raise ConfigError(
+                f"task {task.task_id!r} was stored with group size "
+                f"{store.group_size(task.task_id)}, but this run uses {size}"
+            )
+        ended = store.ended_episodes(task.task_id)
+        ids = [f"{task.task_id}/{i}" for i in range(size)]
+        partials = {e: p for e in ids if (p := store.partial(e)) is not None}
+        return ended, partials, {e: store.next_attempt(e) for e in ids}
+
+    async def _run_episode(
+        self,
+        task: Task,
+        index: int,
+        ended: dict[str, list[Trajectory]],
+        partial: PartialEpisode | None,
+        attempts: dict[str, int],
+    ) -> list[Trajectory]:
         episode_id = f"{task.task_id}/{index}"
-        self.in_flight += 1
         try:
-            attempt = 0
-            while True:
-                trajectories = await self.runner.run(task, episode_id, attempt)
-                if trajectories[-1].status != "failed" or attempt == self.config.max_retries:
-                    return trajectories
-                self.failed_attempts.extend(trajectories)
-                self.metrics.count("episode_retries")
-                attempt += 1
+            if episode_id in ended:
+                self.metrics.count("episodes_from_store")
+                return ended[episode_id]
+            self.in_flight += 1
+            try:
+                return await self._attempts(task, episode_id, partial, attempts.get(episode_id, 0))
+            finally:
+                self.in_flight -= 1
         finally:
-            self.in_flight -= 1
             self.slots.release()
+
+    async def _attempts(
+        self, task: Task, episode_id: str, partial: PartialEpisode | None, attempt: int
+    ) -> list[Trajectory]:
+        failures = 0
+        if partial is not None:
+            attempt = partial.attempt
+        while True:
+            try:
+                if partial is not None:
+                    trajectories = await self.runner.resume(partial)
+                else:
+                    if self.writer is not None:
+                        self.writer.started(episode_id, task, attempt, self.runner.client.version)
+                    trajectories = await self.runner.run(task, episode_id, attempt)
+            except EpisodeDropped as e:
+                self.metrics.count("episodes_dropped")
+                if self.writer is not None:
+                    self.writer.dropped(episode_id, attempt, e.reason)
+                partial, attempt = None, attempt + 1
+                continue
+            partial = None
+            failed = trajectories[-1].status == "failed"
+            retry = failed and failures < self.config.max_retries
+            if self.writer is not None:
+                self.writer.episode(trajectories, retried=retry)
+            if not retry:
+                return trajectories
+            self.failed_attempts.extend(trajectories)
+            self.metrics.count("episode_retries")
+            failures += 1
+            attempt += 1
 
 
 async def _aiter(tasks: Iterable[Task] | AsyncIterable[Task]) -> AsyncIterator[Task]:

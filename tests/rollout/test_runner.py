@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from pathlib import Path
 from typing import Any
 
 import pytest
-from transformers import AutoTokenizer
 
 from agentrl.env import TextEnv, register_env
 from agentrl.metrics import LoopLagMonitor, Metrics
@@ -49,11 +47,6 @@ class FlakyEnv(TextEnv):
 
 
 register_env("tests/Flaky-v0", FlakyEnv)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model: Path):
-    return AutoTokenizer.from_pretrained(tiny_model)
 
 
 def _faulty_model(prompt: Any) -> str:

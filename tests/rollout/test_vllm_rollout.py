@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
-from transformers import AutoTokenizer
 
-from agentrl.inference.base import Generation, InferenceConfig, SamplingConfig
+from agentrl.inference.base import Generation, SamplingConfig
 from agentrl.inference.engine import VLLMEngineClient
 from agentrl.metrics import LoopLagMonitor
 from agentrl.queue import TrajectoryQueue
@@ -43,20 +41,6 @@ class Recording:
         gen = await self.client.generate(prompt, sampling, request_id)
         self.calls[request_id.rsplit("-", 1)[0]].append((list(prompt), gen))
         return gen
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def client(tiny_model: Path) -> AsyncIterator[VLLMEngineClient]:
-    engine = await VLLMEngineClient.start(InferenceConfig(model=str(tiny_model)))
-    try:
-        yield engine
-    finally:
-        await engine.close()
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model: Path) -> Any:
-    return AutoTokenizer.from_pretrained(tiny_model)
 
 
 def _expected_non_sampled(traj: Trajectory, tokenizer: Any) -> list[list[int]]:

@@ -1,0 +1,239 @@
+"""The episode store, checkpoints and resume, against a scripted client (fast).
+
+The same seams against real vLLM (pauses during live generation, crash-resume of a
+real subprocess) are tested in tests/rollout/test_controller_vllm.py and
+tests/rollout/test_crash_resume.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+import re
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from transformers import AutoTokenizer
+
+from agentrl.env import TextEnv, register_env
+from agentrl.errors import StoreError
+from agentrl.queue import TrajectoryQueue
+from agentrl.rollout import EpisodeRunner, RolloutConfig, Scheduler, SchedulerConfig, tasks_for
+from agentrl.store import SCHEMA_VERSION, EpisodeStore, StoreWriter
+from agentrl.types import PartialEpisode, Task, Trajectory
+from tests.rollout.fakes import ScriptedClient
+
+
+class CounterEnv(TextEnv):
+    """Deterministic from its seed, without get_state: resume must replay actions."""
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        self.total = int(self.np_random.integers(0, 10))
+        self.steps = 0
+        return f"Total {self.total}. Say a number.", {}
+
+    def step(self, action: str):
+        numbers = re.findall(r"\d+", action)
+        self.total += int(numbers[-1]) if numbers else 0
+        self.steps += 1
+        return f"Total {self.total}.", 0.25, self.steps >= 4, False, {}
+
+
+class NoisyEnv(CounterEnv):
+    """Not deterministic from its seed: replaying its actions gives other observations."""
+
+    calls = 0
+
+    def step(self, action: str):
+        NoisyEnv.calls += 1
+        obs, *rest = super().step(action)
+        return f"{obs} (call {NoisyEnv.calls})", *rest
+
+
+register_env("tests/Counter-v0", CounterEnv)
+register_env("tests/Noisy-v0", NoisyEnv)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model: Path) -> Any:
+    return AutoTokenizer.from_pretrained(tiny_model)
+
+
+def counting_model(prompt: Any) -> str:
+    """A deterministic reply that depends on the whole prompt."""
+    return f"Guess: {sum(prompt) % 97}"
+
+
+def assert_same(a: Trajectory, b: Trajectory) -> None:
+    assert a.token_ids.tolist() == b.token_ids.tolist()
+    assert np.array_equal(a.logprobs, b.logprobs, equal_nan=True)
+    assert a.versions.tolist() == b.versions.tolist()
+    assert a.loss_mask.tolist() == b.loss_mask.tolist()
+    assert a.spans == b.spans and a.messages == b.messages
+    assert a.turn_rewards == b.turn_rewards and a.status == b.status and a.reason == b.reason
+
+
+async def run_with_checkpoints(
+    tokenizer: Any, env_id: str, seed: int = 3
+) -> tuple[list[Trajectory], list[PartialEpisode]]:
+    snapshots: list[PartialEpisode] = []
+    client = ScriptedClient(tokenizer, counting_model)
+    runner = EpisodeRunner(client, tokenizer, RolloutConfig(max_turns=8),
+                           checkpoint=snapshots.append)  # fmt: skip
+    trajectories = await runner.run(Task(f"t#{seed}", env_id, seed), "t#3/0")
+    return trajectories, snapshots
+
+
+def test_trajectories_and_checkpoints_round_trip_exactly(tmp_path: Path, tokenizer: Any) -> None:
+    trajectories, snapshots = asyncio.run(run_with_checkpoints(tokenizer, "agentrl/GuessNumber-v0"))
+    assert len(snapshots) >= 2, "a multi-turn episode checkpoints at every turn boundary"
+    with EpisodeStore.open(tmp_path) as store:
+        task = Task("t#3", "agentrl/GuessNumber-v0", 3)
+        store.add_tasks([task], 1)
+        store.episode_started("t#3/0", task, 0, 0)
+        store.save_partials([snapshots[1]])
+        (back,) = store.partials()
+        assert back.meta() == snapshots[1].meta()
+        for name, array in back.concatenated().items():
+            assert np.array_equal(array, snapshots[1].concatenated()[name], equal_nan=True)
+        assert store.episodes()[0]["state"] == "paused"
+        store.save_episode(trajectories)
+        assert store.partials() == [], "an ended episode's checkpoint is removed"
+        (stored,) = store.trajectories("t#3/0")
+        assert_same(stored, trajectories[0])
+        assert stored.env_log == trajectories[0].env_log
+        assert math.isnan(stored.logprobs[0]) and stored.versions[0] == -1
+        stats = store.stats()
+        assert stats["array_bytes"] == 13 * stats["tokens"], "13 bytes per stored token"
+        assert store.integrity_check() == "ok"
+
+
+def test_the_store_refuses_what_it_cannot_read(tmp_path: Path) -> None:
+    path = tmp_path / "episodes.db"
+    EpisodeStore.open(path).close()
+    db = sqlite3.connect(path)
+    db.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    db.close()
+    with pytest.raises(StoreError, match=r"newer agentrl \(store schema 2.*upgrade agentrl"):
+        EpisodeStore.open(path)
+    garbage = tmp_path / "garbage.db"
+    garbage.write_bytes(b"not a database at all " * 100)
+    with pytest.raises(StoreError, match="not a readable SQLite episode store"):
+        EpisodeStore.open(garbage)
+    other = tmp_path / "other.db"
+    db = sqlite3.connect(other)
+    db.execute("CREATE TABLE users (name TEXT)")
+    db.close()
+    with pytest.raises(StoreError, match="not an agentrl episode store"):
+        EpisodeStore.open(other)
+    assert sqlite3.connect(other).execute("SELECT COUNT(*) FROM users").fetchone() == (0,)
+    with pytest.raises(StoreError, match="no episode store"):
+        EpisodeStore.open(tmp_path / "missing", create=False)
+
+
+def test_nothing_in_the_store_is_pickled() -> None:
+    source = Path(__file__).parents[1] / "agentrl" / "store.py"
+    assert "pickle" not in source.read_text().replace("Nothing is pickled", "")
+
+
+@pytest.mark.parametrize("env_id", ["agentrl/GuessNumber-v0", "tests/Counter-v0"])
+def test_resume_from_any_checkpoint_ends_like_the_uninterrupted_episode(
+    tokenizer: Any, env_id: str
+) -> None:
+    """GuessNumber restores with set_state; Counter has no state and is replayed."""
+    whole, snapshots = asyncio.run(run_with_checkpoints(tokenizer, env_id))
+    assert snapshots and (snapshots[0].env_state is None) == (env_id == "tests/Counter-v0")
+    for snapshot in snapshots:
+        client = ScriptedClient(tokenizer, counting_model)
+        runner = EpisodeRunner(client, tokenizer, RolloutConfig(max_turns=8))
+        resumed = asyncio.run(runner.resume(snapshot))
+        assert_same(resumed[0], whole[0])
+        assert len(client.calls) == whole[0].turn_rewards.__len__() - snapshot.turn
+
+
+def test_resume_of_an_env_that_is_not_reproducible_fails_with_a_reason(tokenizer: Any) -> None:
+    _, snapshots = asyncio.run(run_with_checkpoints(tokenizer, "tests/Noisy-v0"))
+    runner = EpisodeRunner(ScriptedClient(tokenizer, counting_model), tokenizer)
+    (result,) = asyncio.run(runner.resume(snapshots[-1]))
+    assert result.status == "failed" and result.reason.startswith("env_replay:")
+
+
+def test_writer_batches_in_order_and_keeps_only_the_newest_checkpoint(
+    tmp_path: Path, tokenizer: Any
+) -> None:
+    trajectories, snapshots = asyncio.run(run_with_checkpoints(tokenizer, "tests/Counter-v0"))
+    task = Task("t#3", "tests/Counter-v0", 3)
+
+    async def main() -> None:
+        with EpisodeStore.open(tmp_path) as store:
+            async with StoreWriter(store, interval_s=60) as writer:
+                writer.task(task, 1)
+                writer.started("t#3/0", task, 0, 0)
+                for s in snapshots:
+                    writer.partial(s)
+                assert writer.pending == 3, "checkpoints of one episode coalesce"
+                await writer.flush()
+                assert store.partial("t#3/0").turn == snapshots[-1].turn
+                writer.episode(trajectories)
+                writer.partial(dataclasses.replace(snapshots[0], attempt=1))  # a later attempt's
+            assert store.partial("t#3/0") is not None
+            assert store.episodes(state="finished")[0]["episode_id"] == "t#3/0"
+
+    asyncio.run(main())
+
+
+def test_crash_mid_run_then_resume_runs_every_task_exactly_once(
+    tmp_path: Path, tokenizer: Any
+) -> None:
+    """Cancel a run part-way (as a kill would stop it), then resume from the store."""
+    tasks = list(tasks_for("tests/Counter-v0", 12))
+    config = SchedulerConfig(concurrency=6, group_size=3)
+
+    async def run(resume: bool, stop_after: int | None) -> Scheduler:
+        with EpisodeStore.open(tmp_path) as store:
+            async with StoreWriter(store, interval_s=0.01) as writer:
+                client = ScriptedClient(tokenizer, counting_model)
+                runner = EpisodeRunner(client, tokenizer, checkpoint=writer.partial)
+                enough = asyncio.Event()
+
+                def on_group(group: Any) -> None:
+                    if stop_after is not None and scheduler.groups_done >= stop_after:
+                        enough.set()
+
+                scheduler = Scheduler(runner, TrajectoryQueue(100), config, writer=writer,
+                                      resume=resume, on_group=on_group)  # fmt: skip
+                if stop_after is None:
+                    await scheduler.run(tasks)
+                    return scheduler
+                job = asyncio.create_task(scheduler.run(tasks))
+                await enough.wait()
+                await asyncio.sleep(0.02)  # let some episodes get part-way
+                job.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await job
+                return scheduler
+
+    asyncio.run(run(False, stop_after=4))
+    with EpisodeStore.open(tmp_path) as store:
+        done_before = set(store.task_states().values())
+        assert "complete" in done_before and len(store.partials()) > 0
+    scheduler = asyncio.run(run(True, None))
+    assert scheduler.metrics.counters["episodes_from_store"] > 0
+    assert scheduler.metrics.counters["episodes_resumed"] > 0
+    with EpisodeStore.open(tmp_path) as store:
+        assert store.task_states() == {t.task_id: "complete" for t in tasks}
+        groups = store.untrained_groups()
+        assert [g.task.task_id for g in groups] == [t.task_id for t in tasks]
+        assert all(g.complete and len(g.trajectories) == 3 for g in groups)
+        assert store.partials() == []
+        store.mark_consumed(groups[:2], step=0)
+        store.mark_consumed(groups[2:5], step=1)
+        assert len(store.untrained_groups()) == 7 and store.last_step() == 1
+        with pytest.raises(ValueError, match="only once"):
+            store.mark_consumed(groups[:1], step=2)
+        assert store.integrity_check() == "ok"
