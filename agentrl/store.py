@@ -545,6 +545,22 @@ class EpisodeStore:
                     "UPDATE tasks SET state = 'trained' WHERE task_id = ?", (group.task.task_id,)
                 )
 
+    def rollback_consumed(self, step: int) -> int:
+        """Forget consumption recorded after optimizer step ``step``; return groups reopened.
+
+        A resumed trainer restores its last checkpoint (at ``step``); steps after it
+        never happened as far as the model knows, so their groups are trained again.
+        """
+        with self._tx() as db:
+            cur = db.execute(
+                "UPDATE tasks SET state = 'complete' WHERE state = 'trained' AND task_id IN "
+                "(SELECT t.task_id FROM consumed c JOIN trajectories t ON t.traj_id = c.traj_id "
+                "WHERE c.step > ?)",
+                (step,),
+            )
+            db.execute("DELETE FROM consumed WHERE step > ?", (step,))
+            return cur.rowcount
+
     def consumed(self) -> list[dict[str, Any]]:
         rows = self._query(
             "SELECT c.step, c.traj_id, t.task_id, t.episode_id, t.segment FROM consumed c "

@@ -1,11 +1,15 @@
-"""Shared fixtures: the tiny model (built once per session) and weights derived from it."""
+"""Shared fixtures: the tiny model (built once per session), weights derived from it, and a
+vLLM engine serving it (once per module that asks)."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import pytest_asyncio
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
@@ -61,3 +65,23 @@ def lora_adapter(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     out = tmp_path_factory.mktemp("lora")
     peft_model.save_pretrained(out)
     return out
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def client(tiny_model: Path) -> AsyncIterator[Any]:
+    """An in-process vLLM engine serving the tiny model (started once per test module)."""
+    from agentrl.inference.base import InferenceConfig
+    from agentrl.inference.engine import VLLMEngineClient
+
+    engine = await VLLMEngineClient.start(InferenceConfig(model=str(tiny_model)))
+    try:
+        yield engine
+    finally:
+        await engine.close()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model)

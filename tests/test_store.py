@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from transformers import AutoTokenizer
 
 from agentrl.env import TextEnv, register_env
 from agentrl.errors import StoreError
@@ -57,11 +56,6 @@ class NoisyEnv(CounterEnv):
 
 register_env("tests/Counter-v0", CounterEnv)
 register_env("tests/Noisy-v0", NoisyEnv)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model: Path) -> Any:
-    return AutoTokenizer.from_pretrained(tiny_model)
 
 
 def counting_model(prompt: Any) -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -49,11 +48,6 @@ def test_trajectory_invariants_name_what_is_wrong() -> None:
     for message, bad in cases.items():
         with pytest.raises(ValueError, match=message):
             _trajectory(**bad)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model: Path):
-    return AutoTokenizer.from_pretrained(tiny_model)
 
 
 def _sample(conv: Conversation, tokenizer, text: str, *, cut: bool = False) -> list[int]:

@@ -1,0 +1,175 @@
+"""The training loop: consume complete groups, step, record, publish, checkpoint.
+
+Two modes run the same code on the same work, so benchmarks can compare them:
+
+* ``async``: generation runs all the time (the scheduler in the same
+  ``asyncio.TaskGroup``); the trainer takes ``groups_per_step`` groups from the
+  queue as they complete, while newer episodes keep generating under the old
+  weights; staleness is bounded by the scheduler's admission control.
+* ``sync``: generate exactly ``groups_per_step`` groups, then train, then publish,
+  then the next batch: no overlap, every token on-policy.
+
+Order per step, chosen so that a kill at any moment trains nothing twice and loses
+nothing: optimizer step, then the store records the groups as consumed at that step,
+then the weights are published, then (every ``checkpoint_every`` steps) a trainer
+checkpoint. On ``--resume``, consumption recorded after the last checkpoint is rolled
+back (those groups are trained again, once, by the restored trainer), complete
+groups not yet consumed are trained first, and unfinished episodes continue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import itertools
+import logging
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, Literal
+
+from agentrl.errors import ConfigError
+from agentrl.queue import TrajectoryQueue
+from agentrl.rollout.scheduler import Scheduler
+from agentrl.store import EpisodeStore
+from agentrl.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from agentrl.trainer.publish import PublishStats, WeightPublisher
+from agentrl.trainer.trainer import StepStats, Trainer
+from agentrl.types import Group, Task
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LoopConfig:
+    steps: int
+    """Optimizer steps to run in total (a resumed run counts the ones already done)."""
+    groups_per_step: int
+    mode: Literal["async", "sync"] = "async"
+    checkpoint_every: int = 1
+    """Steps between trainer checkpoints (0: never)."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("async", "sync"):
+            raise ConfigError(f"train.mode = {self.mode!r}; use async or sync")
+        if self.steps < 1 or self.groups_per_step < 1:
+            raise ConfigError(
+                f"train.steps ({self.steps}) and groups_per_step ({self.groups_per_step}) "
+                f"must be >= 1"
+            )
+
+
+@dataclasses.dataclass(slots=True)
+class StepRecord:
+    stats: StepStats
+    publish: PublishStats | None
+    train_s: float
+
+
+class TrainLoop:
+    """Wires a trainer, a publisher, a scheduler and a queue (and optionally a store)."""
+
+    def __init__(
+        self,
+        trainer: Trainer,
+        publisher: WeightPublisher,
+        scheduler: Scheduler,
+        queue: TrajectoryQueue,
+        config: LoopConfig,
+        *,
+        store: EpisodeStore | None = None,
+        checkpoint_dir: Path | None = None,
+        on_step: Callable[[StepRecord], Any] | None = None,
+    ) -> None:
+        self.trainer = trainer
+        self.publisher = publisher
+        self.scheduler = scheduler
+        self.queue = queue
+        self.config = config
+        self.store = store
+        self.checkpoint_dir = checkpoint_dir
+        self.on_step = on_step
+        self.records: list[StepRecord] = []
+        self.busy = {"train_s": 0.0, "publish_s": 0.0}
+        # one thread for all trainer math, pinned off vLLM's core once
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="trainer", initializer=trainer.pin
+        )
+
+    async def restore(self) -> int:
+        """Bring back the last checkpoint and agree with the store; return the step.
+
+        Loads the latest trainer checkpoint (if any) and loads its weights into the
+        engine as its version; rolls back consumption recorded after it; queues the
+        complete groups not yet trained (in task order) ahead of new ones.
+        """
+        step = 0
+        folder = latest_checkpoint(self.checkpoint_dir) if self.checkpoint_dir else None
+        if folder is not None:
+            await asyncio.to_thread(load_checkpoint, self.trainer, folder)
+            step = self.trainer.step
+            if self.trainer.version > 0:  # the engine serves the restored weights
+                await self.publisher.publish(version=self.trainer.version)
+        if self.store is not None:
+            await asyncio.to_thread(self.store.rollback_consumed, step)
+            for group in await asyncio.to_thread(self.store.untrained_groups):
+                await self.queue.put(group)
+        return step
+
+    async def run(self, tasks: Iterable[Task]) -> list[StepRecord]:
+        remaining = self.config.steps - self.trainer.step
+        try:
+            if remaining <= 0:
+                return self.records
+            if self.config.mode == "sync":
+                await self._run_sync(tasks, remaining)
+            else:
+                await self._run_async(tasks, remaining)
+            return self.records
+        finally:
+            self._executor.shutdown(wait=True)
+
+    async def _run_async(self, tasks: Iterable[Task], steps: int) -> None:
+        async with asyncio.TaskGroup() as tg:
+            generation = tg.create_task(self.scheduler.run(tasks), name="generation")
+            try:
+                for _ in range(steps):
+                    groups = await self._take()
+                    await self._train(groups)
+            finally:
+                self.scheduler.stop()
+                generation.cancel()  # unfinished episodes keep their checkpoints
+
+    async def _run_sync(self, tasks: Iterable[Task], steps: int) -> None:
+        source = iter(tasks)
+        k = self.config.groups_per_step
+        for _ in range(steps):
+            needed = k - len(self.queue)
+            if needed > 0:
+                await self.scheduler.run(list(itertools.islice(source, needed)))
+            await self._train(await self._take())
+
+    async def _take(self) -> list[Group]:
+        return await self.queue.get_batch(self.config.groups_per_step)
+
+    async def _train(self, groups: list[Group]) -> None:
+        import time
+
+        t0 = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        stats = await loop.run_in_executor(self._executor, self.trainer.train_step, groups)
+        train_s = time.perf_counter() - t0
+        self.busy["train_s"] += train_s
+        if self.store is not None:
+            await asyncio.to_thread(self.store.mark_consumed, groups, self.trainer.step)
+        t1 = time.perf_counter()
+        published = await self.publisher.publish()
+        self.busy["publish_s"] += time.perf_counter() - t1
+        await self.scheduler.notify_version()
+        every = self.config.checkpoint_every
+        if self.checkpoint_dir is not None and every and self.trainer.step % every == 0:
+            await asyncio.to_thread(save_checkpoint, self.trainer, self.checkpoint_dir)
+        record = StepRecord(stats, published, train_s)
+        self.records.append(record)
+        if self.on_step is not None:
+            self.on_step(record)

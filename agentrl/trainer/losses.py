@@ -1,0 +1,222 @@
+"""The GRPO family of policy losses, as pure functions of tensors.
+
+Everything here takes per-token tensors of shape ``(B, T)`` (one row per sequence,
+``mask`` marking the sampled tokens the loss covers) and returns a scalar loss plus
+statistics; no model, no optimizer, no I/O. The formulas are TRL's
+(``GRPOTrainer._compute_loss``, TRL 1.16), and a test builds a real ``GRPOTrainer``
+and checks every loss against it on the same inputs.
+
+Three log-probabilities meet here:
+
+* ``logprobs``: the current policy (with gradient);
+* ``old_logprobs``: the proximal policy the ratio is taken against (the trainer's own
+  logprobs before this optimizer step; detached);
+* ``behaviour_logprobs``: what vLLM actually sampled with, per token, possibly several
+  versions old. The gap between proximal and behaviour is corrected with importance
+  weights (:func:`importance_weights`): truncated (TIS) or masked (MIS), per token or
+  per sequence.
+
+Losses (``LossConfig.kind``):
+
+* ``grpo``: clipped ratio, mean over each sequence's tokens, then over sequences;
+* ``dapo``: clipped ratio with its own upper epsilon (clip-higher), summed over all
+  tokens and divided by the tokens in the whole accumulation window;
+* ``dr_grpo``: clipped ratio, summed and divided by ``B * max_completion_length``;
+* ``cispo``: the ratio clipped from above and detached, times advantage times logprob,
+  normalised like ``dapo``;
+* ``bnpo``: clipped ratio, token mean over the micro-batch.
+
+``ratio_level = "sequence"`` turns any clipped loss into GSPO (the geometric mean of
+the token ratios of each sequence).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+import torch
+
+from agentrl.errors import ConfigError
+
+LossKind = Literal["grpo", "dapo", "dr_grpo", "cispo", "bnpo"]
+LOSSES = ("grpo", "dapo", "dr_grpo", "cispo", "bnpo")
+CorrectionMode = Literal["none", "token_truncate", "token_mask", "sequence_truncate",
+                         "sequence_mask"]  # fmt: skip
+CORRECTIONS = ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LossConfig:
+    kind: LossKind = "dapo"
+    epsilon_low: float = 0.2
+    epsilon_high: float = 0.28
+    """The upper clip (DAPO's clip-higher); for ``cispo`` the cap of the ratio."""
+    delta: float | None = None
+    """Two-sided clipping: cap the unclipped ratio at ``delta`` too (None: off)."""
+    ratio_level: Literal["token", "sequence"] = "token"
+    """``sequence``: GSPO's sequence-level ratio."""
+    beta: float = 0.0
+    """KL coefficient against the reference policy (0: no KL, no reference pass)."""
+    kl_bias_correction: bool = True
+    """Multiply the KL estimate by the importance ratio (TRL's default)."""
+    max_completion_length: int = 512
+    """``dr_grpo``'s constant normaliser (tokens per sequence)."""
+    correction: CorrectionMode = "token_truncate"
+    """Importance correction against the behaviour policy (vLLM's logprobs)."""
+    correction_min: float | None = 0.0
+    correction_max: float | None = 2.0
+    max_token_staleness: int | None = None
+    """Mask tokens sampled more than this many versions ago (None: keep all)."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in LOSSES:
+            raise ConfigError(f"trainer.loss = {self.kind!r}; use one of {LOSSES}")
+        if self.correction not in CORRECTIONS:
+            raise ConfigError(f"trainer.correction = {self.correction!r}; use one of {CORRECTIONS}")
+        if self.ratio_level not in ("token", "sequence"):
+            raise ConfigError(f"trainer.ratio_level = {self.ratio_level!r}; use token or sequence")
+        if not (0 <= self.epsilon_low < 1 and self.epsilon_high >= 0):
+            raise ConfigError(
+                f"epsilon_low must be in [0, 1) and epsilon_high >= 0; got "
+                f"{self.epsilon_low} and {self.epsilon_high}"
+            )
+        if self.beta < 0:
+            raise ConfigError(f"trainer.beta must be >= 0, got {self.beta}")
+
+
+def importance_weights(
+    old_logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    mode: CorrectionMode,
+    low: float | None,
+    high: float | None,
+) -> torch.Tensor:
+    """Weights correcting from the behaviour policy to the proximal one (detached).
+
+    ``token_*``: ``exp(old - behaviour)`` per token; ``sequence_*``: the product over
+    the sequence's masked tokens (shape ``(B, 1)``). ``*_truncate`` clamps to
+    ``[low, high]`` (TIS); ``*_mask`` zeroes weights outside it (MIS).
+    """
+    if mode == "none":
+        return torch.ones_like(old_logprobs)
+    diff = torch.nan_to_num((old_logprobs - behaviour_logprobs) * mask, nan=0.0).detach()
+    if mode.startswith("sequence"):
+        diff = diff.sum(dim=-1, keepdim=True)
+    ratio = torch.exp(diff)
+    if mode.endswith("truncate"):
+        return torch.clamp(ratio, min=low, max=high)
+    lo = low if low is not None else -torch.inf
+    hi = high if high is not None else torch.inf
+    return ratio.masked_fill((ratio < lo) | (ratio > hi), 0.0)
+
+
+def policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    config: LossConfig,
+    *,
+    is_weights: torch.Tensor | None = None,
+    ref_logprobs: torch.Tensor | None = None,
+    num_items: float | torch.Tensor | None = None,
+    accumulation_steps: int = 1,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The loss of one micro-batch, scaled for gradient accumulation like TRL.
+
+    Args:
+        logprobs: current policy, ``(B, T)``, with gradient.
+        old_logprobs: proximal policy, ``(B, T)``.
+        advantages: ``(B,)`` or ``(B, T)``.
+        mask: ``(B, T)``, 1 on the tokens the loss covers.
+        is_weights: importance weights (``(B, T)`` or ``(B, 1)``) multiplied into the
+            per-token loss (see :func:`importance_weights`).
+        ref_logprobs: the reference policy, needed when ``config.beta > 0``.
+        num_items: tokens in the whole accumulation window (``dapo``, ``cispo``);
+            default: this micro-batch's.
+        accumulation_steps: micro-batches per optimizer step.
+
+    Returns:
+        The loss and a dict of detached statistics: ``clipped`` (tokens whose ratio
+        was clipped), ``ratio`` (mean ratio), ``kl`` (mean per-token KL, if any).
+    """
+    mask = mask.to(logprobs.dtype)
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(1)
+    log_ratio = logprobs - old_logprobs
+    if config.ratio_level == "sequence":
+        log_w = (log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+        log_w = log_w.unsqueeze(-1)
+    else:
+        log_w = log_ratio
+    coef_1 = torch.exp(log_w)
+    stats: dict[str, torch.Tensor] = {}
+    if config.beta != 0.0:
+        if ref_logprobs is None:
+            raise ValueError("beta > 0 needs ref_logprobs")
+        per_token_kl = torch.exp(ref_logprobs - logprobs) - (ref_logprobs - logprobs) - 1
+        if config.kl_bias_correction:
+            per_token_kl = per_token_kl * coef_1
+    if config.kind == "cispo":
+        clamped = torch.clamp(coef_1, max=config.epsilon_high).detach()
+        per_token_loss = -clamped * advantages * logprobs
+        clipped = (coef_1 > config.epsilon_high) & (advantages > 0)
+    else:
+        coef_2 = torch.clamp(coef_1, 1 - config.epsilon_low, 1 + config.epsilon_high)
+        if config.delta is not None:
+            coef_1 = torch.clamp(coef_1, max=config.delta)
+        per_token_loss = -torch.min(coef_1 * advantages, coef_2 * advantages)
+        clipped = ((coef_1 < 1 - config.epsilon_low) & (advantages < 0)) | (
+            (coef_1 > 1 + config.epsilon_high) & (advantages > 0)
+        )
+    if is_weights is not None:
+        per_token_loss = per_token_loss * is_weights
+    if config.beta != 0.0:
+        per_token_loss = per_token_loss + config.beta * per_token_kl
+        stats["kl"] = ((per_token_kl * mask).sum() / mask.sum().clamp(min=1.0)).detach()
+    if config.kind == "grpo":
+        loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+        loss = loss / accumulation_steps
+    elif config.kind == "bnpo":
+        loss = (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0) / accumulation_steps
+    elif config.kind == "dr_grpo":
+        loss = (per_token_loss * mask).sum() / (
+            per_token_loss.size(0) * config.max_completion_length
+        )
+        loss = loss / accumulation_steps
+    else:  # dapo, cispo: normalised by the tokens of the whole window
+        total = mask.sum() * accumulation_steps if num_items is None else num_items
+        loss = (per_token_loss * mask).sum() / torch.as_tensor(total).clamp(min=1.0)
+    clipped = clipped.expand_as(mask) if clipped.shape != mask.shape else clipped
+    stats["clipped"] = (clipped.to(mask.dtype) * mask).sum().detach()
+    ratio = coef_1.expand_as(mask) if coef_1.shape != mask.shape else coef_1
+    stats["ratio"] = ((ratio * mask).sum() / mask.sum().clamp(min=1.0)).detach()
+    return loss, stats
+
+
+def group_advantages(
+    rewards: torch.Tensor, group_ids: torch.Tensor, scale: Literal["group", "batch", "none"]
+) -> torch.Tensor:
+    """Reward minus its group's mean, divided by the group's (or batch's) std, or not.
+
+    Like TRL's ``scale_rewards``: ``group`` divides by each group's std, ``batch`` by
+    the std of all rewards, ``none`` only centres (Dr. GRPO). A std of 0 divides by 1e-4.
+    """
+    if scale not in ("group", "batch", "none"):
+        raise ConfigError(f"trainer.scale_rewards = {scale!r}; use group, batch or none")
+    rewards = rewards.to(torch.float64)
+    out = torch.empty_like(rewards)
+    stds = torch.empty_like(rewards)
+    for g in torch.unique(group_ids):
+        idx = group_ids == g
+        r = rewards[idx]
+        out[idx] = r - r.mean()
+        stds[idx] = r.std() if r.numel() > 1 else torch.tensor(0.0, dtype=torch.float64)
+    if scale == "group":
+        out = out / (stds + 1e-4)
+    elif scale == "batch":
+        std = rewards.std() if rewards.numel() > 1 else torch.tensor(0.0, dtype=torch.float64)
+        out = out / (std + 1e-4)
+    return out.to(torch.float32)

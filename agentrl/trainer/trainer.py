@@ -1,0 +1,257 @@
+"""``Trainer``: one optimizer step from complete groups, with importance correction.
+
+The model is a transformers causal LM in float32 (optionally wrapped with a peft LoRA
+adapter). A step: group-relative advantages; padded micro-batches; for each, the
+current policy's logprobs of the sampled tokens (TRL's ``selective_log_softmax``,
+at the sampling temperature); importance weights from the proximal policy (the
+model before this step) to the behaviour policy (vLLM's logprobs of each token);
+the configured loss; backward; then gradient clipping and one AdamW step.
+
+Reported per step: loss, clip fraction, IS weight min/mean/max, the trainer-vs-vLLM
+logprob gap on the freshest tokens (sampled by the version being trained), token
+staleness min/mean/max in versions, tokens trained and the gradient norm.
+
+The heavy work runs in a worker thread (``asyncio.to_thread``); call
+:meth:`Trainer.pin` once in that thread to keep it off vLLM's core on small machines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import time
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import torch
+
+from agentrl.errors import ConfigError
+from agentrl.trainer.batch import MicroBatch, micro_batches, rows_from_groups
+from agentrl.trainer.losses import LossConfig, importance_weights, policy_loss
+from agentrl.types import Group
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LoraSettings:
+    r: int = 8
+    alpha: int = 16
+    dropout: float = 0.0
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TrainerConfig:
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    max_grad_norm: float = 1.0
+    loss: LossConfig = dataclasses.field(default_factory=LossConfig)
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    micro_batch_tokens: int = 4096
+    temperature: float = 1.0
+    """The sampling temperature: logprobs are taken of logits / temperature, as vLLM's."""
+    lora: LoraSettings | None = None
+    seed: int = 0
+    torch_threads: int | None = 1
+    """Threads for the trainer's math (None: torch's default)."""
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0:
+            raise ConfigError(f"trainer.lr must be > 0, got {self.lr}")
+        if self.temperature <= 0:
+            raise ConfigError(
+                f"trainer.temperature must be > 0 (it must equal the sampling temperature), "
+                f"got {self.temperature}"
+            )
+        if self.micro_batch_tokens < 1:
+            raise ConfigError(
+                f"trainer.micro_batch_tokens must be >= 1, got {self.micro_batch_tokens}"
+            )
+
+
+@dataclasses.dataclass(slots=True)
+class StepStats:
+    step: int
+    version: int
+    loss: float
+    clip_fraction: float
+    is_weight_min: float
+    is_weight_mean: float
+    is_weight_max: float
+    logprob_gap_fresh: float
+    """Mean |trainer logprob - vLLM logprob| on tokens sampled by the version trained."""
+    fresh_tokens: int
+    staleness_min: float
+    staleness_mean: float
+    staleness_max: float
+    tokens: int
+    sequences: int
+    grad_norm: float
+    kl: float
+    reward_mean: float
+    step_s: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class Trainer:
+    """Holds the model and optimizer; :meth:`train_step` runs one optimizer step."""
+
+    def __init__(self, model_path: str, config: TrainerConfig | None = None) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.config = config or TrainerConfig()
+        torch.manual_seed(self.config.seed)
+        self.model_path = model_path
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        self.ref_model: Any = None
+        if self.config.lora is not None:
+            from peft import LoraConfig, get_peft_model
+
+            lora = self.config.lora
+            model = get_peft_model(
+                model,
+                LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                           target_modules=list(lora.target_modules)),
+            )  # fmt: skip
+        elif self.config.loss.beta > 0:
+            self.ref_model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+            self.ref_model.eval().requires_grad_(False)
+        self.model = model
+        self.model.train()
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            params, lr=self.config.lr, betas=self.config.betas,
+            weight_decay=self.config.weight_decay,
+        )  # fmt: skip
+        self.step = 0
+        self.version = 0
+        self.pad_id = int(self.tokenizer.pad_token_id or 0)
+
+    @property
+    def is_lora(self) -> bool:
+        return self.config.lora is not None
+
+    def pin(self, cores: set[int] | None = None) -> None:
+        """Keep the calling thread (the trainer's) on ``cores`` with few torch threads.
+
+        Default: every core but 0 when there are at least two (vLLM's CPU worker binds
+        to core 0). See docs/cpu-overlap in the shared docs for the measurements.
+        """
+        if self.config.torch_threads is not None:
+            torch.set_num_threads(self.config.torch_threads)
+        available = os.sched_getaffinity(0)
+        if cores is None:
+            cores = available - {0} if len(available) > 1 else available
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(0, cores)
+
+    def logprobs(self, model: Any, mb: MicroBatch) -> torch.Tensor:
+        """Per-token logprobs of ``mb.targets`` under ``model`` (shape of ``mb.targets``)."""
+        from trl.trainer.utils import selective_log_softmax
+
+        logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
+        return selective_log_softmax(logits[:, :-1, :], mb.targets, self.config.temperature)
+
+    def score(self, groups: Sequence[Group]) -> list[tuple[torch.Tensor, MicroBatch]]:
+        """Current-policy logprobs of every micro-batch (no gradient), for diagnostics."""
+        rows = rows_from_groups(groups, self.config.scale_rewards)
+        out = []
+        with torch.no_grad():
+            for mb in micro_batches(rows, self.config.micro_batch_tokens, self.pad_id):
+                out.append((self.logprobs(self.model, mb), mb))
+        return out
+
+    def train_step(self, groups: Sequence[Group]) -> StepStats:
+        """One optimizer step on ``groups``; the model's version becomes ``version + 1``
+        once the caller publishes it (see :class:`~agentrl.trainer.publish.WeightPublisher`).
+        """
+        t0 = time.perf_counter()
+        cfg = self.config
+        rows = rows_from_groups(groups, cfg.scale_rewards)
+        batches = micro_batches(rows, cfg.micro_batch_tokens, self.pad_id)
+        total_tokens = float(sum(mb.tokens for mb in batches))
+        self.optimizer.zero_grad(set_to_none=True)
+        acc: dict[str, Any] = {"loss": 0.0, "clipped": 0.0, "tokens": 0.0, "w_min": float("inf"),
+               "w_max": 0.0, "w_sum": 0.0, "gap_sum": 0.0, "gap_n": 0, "st_min": float("inf"),
+               "st_max": 0.0, "st_sum": 0.0, "kl": 0.0}  # fmt: skip
+        for mb in batches:
+            mask = mb.mask
+            if cfg.loss.max_token_staleness is not None:
+                mask = mask * ((self.version - mb.versions) <= cfg.loss.max_token_staleness)
+            logprobs = self.logprobs(self.model, mb)
+            old = logprobs.detach()
+            lc = cfg.loss
+            weights = importance_weights(old, mb.behaviour_logprobs, mask, lc.correction,
+                                         lc.correction_min, lc.correction_max)  # fmt: skip
+            ref = self._ref_logprobs(mb) if cfg.loss.beta > 0 else None
+            loss, stats = policy_loss(
+                logprobs, old, mb.advantages, mask, cfg.loss, is_weights=weights,
+                ref_logprobs=ref, num_items=total_tokens, accumulation_steps=len(batches),
+            )  # fmt: skip
+            loss.backward()
+            self._accumulate(acc, loss, stats, mb, mask, old, weights)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
+        if batches:
+            self.optimizer.step()
+        self.step += 1
+        tokens = acc["tokens"]
+        rewards = [t.reward for g in groups for t in g.trajectories if t.segment == 0]
+        return StepStats(
+            step=self.step,
+            version=self.version,
+            loss=acc["loss"],
+            clip_fraction=acc["clipped"] / tokens if tokens else 0.0,
+            is_weight_min=acc["w_min"] if tokens else 1.0,
+            is_weight_mean=acc["w_sum"] / tokens if tokens else 1.0,
+            is_weight_max=acc["w_max"] if tokens else 1.0,
+            logprob_gap_fresh=acc["gap_sum"] / acc["gap_n"] if acc["gap_n"] else float("nan"),
+            fresh_tokens=acc["gap_n"],
+            staleness_min=acc["st_min"] if tokens else 0.0,
+            staleness_mean=acc["st_sum"] / tokens if tokens else 0.0,
+            staleness_max=acc["st_max"],
+            tokens=int(tokens),
+            sequences=len(rows),
+            grad_norm=grad_norm,
+            kl=acc["kl"] / max(len(batches), 1),
+            reward_mean=float(sum(rewards) / len(rewards)) if rewards else 0.0,
+            step_s=time.perf_counter() - t0,
+        )
+
+    def _ref_logprobs(self, mb: MicroBatch) -> torch.Tensor:
+        with torch.no_grad():
+            if self.ref_model is not None:
+                return self.logprobs(self.ref_model, mb)
+            with self.model.disable_adapter():  # LoRA: the base model is the reference
+                return self.logprobs(self.model, mb)
+
+    def _accumulate(self, acc: dict[str, Any], loss: torch.Tensor, stats: dict[str, Any],
+                    mb: MicroBatch, mask: torch.Tensor, old: torch.Tensor,
+                    weights: torch.Tensor) -> None:  # fmt: skip
+        on = mask.bool()
+        n = int(on.sum())
+        acc["loss"] += float(loss.detach())
+        acc["clipped"] += float(stats["clipped"])
+        acc["tokens"] += n
+        acc["kl"] += float(stats.get("kl", 0.0))
+        if not n:
+            return
+        w = weights.expand_as(mask)[on]
+        acc["w_min"] = min(acc["w_min"], float(w.min()))
+        acc["w_max"] = max(acc["w_max"], float(w.max()))
+        acc["w_sum"] += float(w.sum())
+        staleness = (self.version - mb.versions)[on].to(torch.float32)
+        acc["st_min"] = min(acc["st_min"], float(staleness.min()))
+        acc["st_max"] = max(acc["st_max"], float(staleness.max()))
+        acc["st_sum"] += float(staleness.sum())
+        fresh = on & (mb.versions == self.version)
+        if fresh.any():
+            acc["gap_sum"] += float((old[fresh] - mb.behaviour_logprobs[fresh]).abs().sum())
+            acc["gap_n"] += int(fresh.sum())
