@@ -11,6 +11,7 @@ register_env("agentrl/GuessNumber-v0", "envs.guess_number:GuessNumberEnv", max_e
 register_env("agentrl/PythonPuzzle-v0", "envs.python_puzzle:PythonPuzzleEnv", max_episode_steps=8)
 register_env("agentrl/Maze-v0", "envs.maze:MazeEnv", max_episode_steps=60)
 register_env("agentrl/Sql-v0", "envs.sql:SqlEnv", max_episode_steps=8)
+register_env("agentrl/Digits-v0", "envs.digits:DigitsEnv", max_episode_steps=1)
 # Gymnasium's own toy-text envs through the adapter (agentrl.adapter.from_gym).
 register_env("agentrl/FrozenLake-v1", "agentrl.adapter:from_gym", env_id="FrozenLake-v1",
              is_slippery=False)  # fmt: skip

