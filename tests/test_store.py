@@ -192,21 +192,24 @@ def test_crash_mid_run_then_resume_runs_every_task_exactly_once(
         with EpisodeStore.open(tmp_path) as store:
             async with StoreWriter(store, interval_s=0.01) as writer:
                 client = ScriptedClient(tokenizer, counting_model)
-                runner = EpisodeRunner(client, tokenizer, checkpoint=writer.partial)
                 enough = asyncio.Event()
 
-                def on_group(group: Any) -> None:
-                    if stop_after is not None and scheduler.groups_done >= stop_after:
+                def checkpoint(partial: PartialEpisode) -> None:
+                    writer.partial(partial)
+                    # stop once enough groups are done, at a moment when this episode
+                    # is still at least two turns from its end (so it is caught part-way)
+                    done = stop_after is not None and scheduler.groups_done >= stop_after
+                    if done and partial.turn <= 2:
                         enough.set()
 
+                runner = EpisodeRunner(client, tokenizer, checkpoint=checkpoint)
                 scheduler = Scheduler(runner, TrajectoryQueue(100), config, writer=writer,
-                                      resume=resume, on_group=on_group)  # fmt: skip
+                                      resume=resume)  # fmt: skip
                 if stop_after is None:
                     await scheduler.run(tasks)
                     return scheduler
                 job = asyncio.create_task(scheduler.run(tasks))
                 await enough.wait()
-                await asyncio.sleep(0.02)  # let some episodes get part-way
                 job.cancel()
                 with pytest.raises(asyncio.CancelledError):
                     await job

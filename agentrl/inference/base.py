@@ -113,6 +113,8 @@ class InferenceConfig:
     enable_lora: bool = False
     max_lora_rank: int = 16
     max_num_seqs: int = 256
+    weight_transfer: str | None = None
+    """vLLM weight-transfer backend for file-less updates ('nccl', GPU only); None: files."""
     request_timeout_s: float = 300.0
     """Deadline for one generation request (and for each admin call to a server)."""
     startup_timeout_s: float = 300.0

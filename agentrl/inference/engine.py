@@ -82,6 +82,11 @@ class VLLMEngineClient:
             # temperature, top-k, top-p): what importance correction needs.
             logprobs_mode="processed_logprobs",
             disable_log_stats=True,
+            **(
+                {"weight_transfer_config": {"backend": config.weight_transfer}}
+                if config.weight_transfer
+                else {}
+            ),
         )
         try:
             engine = await asyncio.wait_for(
@@ -253,6 +258,26 @@ class VLLMEngineClient:
 
         return await self._update(f"loading the LoRA adapter in {str(adapter_dir)!r}", load,
                                   new_version, keep_inflight)  # fmt: skip
+
+    async def push_weights(
+        self, send: Any, version: int | None = None, *, keep_inflight: bool = False
+    ) -> int:
+        """Load weights that ``send`` streams in (blocking; run in a worker thread).
+
+        For vLLM's weight-transfer engines (NCCL): ``send`` is the trainer side of the
+        transfer (see :mod:`agentrl.trainer.nccl`); the engine must have been started
+        with ``InferenceConfig(weight_transfer=...)``.
+        """
+        if not self.config.weight_transfer:
+            raise WeightSyncError(
+                "this engine was started without a weight-transfer backend; set "
+                "inference.weight_transfer = 'nccl' (GPU only)"
+            )
+
+        async def load() -> None:
+            await asyncio.to_thread(send)
+
+        return await self._update("pushing weights", load, version, keep_inflight)
 
     async def _update(
         self, action: str, load: Any, version: int | None, keep_inflight: bool

@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from collections.abc import Callable
 from typing import Any, Literal
 
 import numpy as np
@@ -106,6 +107,7 @@ class RolloutController:
         self.admission = runner.admission
         self.history: list[UpdateStats] = []
         self._lock = asyncio.Lock()
+        self._push: Callable[[], Any] | None = None
 
     @property
     def client(self) -> Any:
@@ -116,17 +118,20 @@ class RolloutController:
         weights_dir: str | None = None,
         *,
         lora_dir: str | None = None,
+        push: Callable[[], Any] | None = None,
         version: int | None = None,
     ) -> UpdateStats:
-        """Publish new weights (a safetensors folder, or a peft adapter folder).
+        """Publish new weights: a safetensors folder, a peft adapter folder, or ``push``
+        (a blocking function that streams them in, e.g. over NCCL).
 
         Returns the cost of the update. Raises WeightSyncError when the engine refused
         the weights; the gate is reopened and paused episodes continue on the old
         weights, their checkpoints already durable.
         """
-        if (weights_dir is None) == (lora_dir is None):
-            raise ValueError("give exactly one of weights_dir and lora_dir")
+        if sum(x is not None for x in (weights_dir, lora_dir, push)) != 1:
+            raise ValueError("give exactly one of weights_dir, lora_dir and push")
         async with self._lock:
+            self._push = push
             if self.policy == "keep":
                 return await self._update_keep(weights_dir, lora_dir, version)
             return await self._update_paused(weights_dir, lora_dir, version)
@@ -134,9 +139,14 @@ class RolloutController:
     async def _reload(
         self, weights_dir: str | None, lora_dir: str | None, version: int | None, keep: bool
     ) -> int:
+        if self._push is not None:
+            return await self.client.push_weights(self._push, version, keep_inflight=keep)
         if weights_dir is not None:
             return await self.client.reload_weights(weights_dir, version, keep_inflight=keep)
         return await self.client.load_lora_adapter(lora_dir, version, keep_inflight=keep)
+
+    def _kind(self, weights_dir: str | None) -> str:
+        return "push" if self._push is not None else "full" if weights_dir else "lora"
 
     async def _update_keep(
         self, weights_dir: str | None, lora_dir: str | None, version: int | None
@@ -149,9 +159,9 @@ class RolloutController:
         finally:
             self.admission.set()
         elapsed = time.perf_counter() - t0
-        stats = UpdateStats(new_version, "keep", str(weights_dir or lora_dir), elapsed, elapsed,
-                            0.0, frozen, 0, 0, 0, 0)  # fmt: skip
-        return await self._record(stats, "full" if weights_dir else "lora")
+        stats = UpdateStats(new_version, "keep", str(weights_dir or lora_dir or "push"), elapsed,
+                            elapsed, 0.0, frozen, 0, 0, 0, 0)  # fmt: skip
+        return await self._record(stats, self._kind(weights_dir))
 
     async def _update_paused(
         self, weights_dir: str | None, lora_dir: str | None, version: int | None
@@ -198,7 +208,7 @@ class RolloutController:
         stats = UpdateStats(
             version=new_version,
             policy=self.policy,
-            source=str(weights_dir or lora_dir),
+            source=str(weights_dir or lora_dir or "push"),
             pause_to_resume_s=time.perf_counter() - t0,
             reload_s=reload_s,
             store_write_s=store_write_s,
@@ -210,7 +220,7 @@ class RolloutController:
         )
         if kept:
             self.metrics.observe("store_write_per_paused_episode_s", store_write_s / len(kept))
-        return await self._record(stats, "full" if weights_dir else "lora")
+        return await self._record(stats, self._kind(weights_dir))
 
     async def _record(self, stats: UpdateStats, kind: str) -> UpdateStats:
         self.history.append(stats)

@@ -46,11 +46,11 @@ def save_checkpoint(trainer: Trainer, root: Path, keep: int = 2) -> Path:
     tmp = root / f".{name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    model = trainer.model
+    model = trainer.unwrapped
     if trainer.is_lora:
         model.save_pretrained(tmp)
     else:
-        state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+        state = {k: v.contiguous() for k, v in trainer.full_state_dict().items()}
         save_file(state, tmp / "model.safetensors")
     opt = trainer.optimizer.state_dict()
     tensors: dict[str, torch.Tensor] = {}
@@ -111,14 +111,14 @@ def load_checkpoint(trainer: Trainer, folder: Path) -> None:
         from peft import set_peft_model_state_dict
 
         adapter = load_file(folder / "adapter_model.safetensors")
-        result = set_peft_model_state_dict(trainer.model, adapter)
+        result = set_peft_model_state_dict(trainer.unwrapped, adapter)
         if getattr(result, "unexpected_keys", None):
             raise ConfigError(
                 f"checkpoint adapter has unexpected keys: {result.unexpected_keys[:5]}"
             )
     else:
         state = load_file(folder / "model.safetensors")
-        trainer.model.load_state_dict(state, strict=True)
+        trainer.unwrapped.load_state_dict(state, strict=True)
     opt_state: dict[str, Any] = {"state": {}, "param_groups": meta["param_groups"]}
     if (folder / "optimizer.safetensors").exists():
         for key, value in load_file(folder / "optimizer.safetensors").items():

@@ -127,6 +127,12 @@ class TrainLoop:
                 await self._run_async(tasks, remaining)
             return self.records
         finally:
+            if self.trainer.world > 1:  # release the followers
+                from agentrl.trainer.distributed import broadcast_groups
+
+                await asyncio.get_running_loop().run_in_executor(
+                    self._executor, broadcast_groups, None, self.trainer.accelerator
+                )
             self._executor.shutdown(wait=True)
 
     async def _run_async(self, tasks: Iterable[Task], steps: int) -> None:
@@ -157,6 +163,12 @@ class TrainLoop:
 
         t0 = time.perf_counter()
         loop = asyncio.get_running_loop()
+        if self.trainer.world > 1:  # the other ranks (running follow()) train on them too
+            from agentrl.trainer.distributed import broadcast_groups
+
+            await loop.run_in_executor(
+                self._executor, broadcast_groups, groups, self.trainer.accelerator
+            )
         stats = await loop.run_in_executor(self._executor, self.trainer.train_step, groups)
         train_s = time.perf_counter() - t0
         self.busy["train_s"] += train_s

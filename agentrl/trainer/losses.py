@@ -122,6 +122,7 @@ def policy_loss(
     is_weights: torch.Tensor | None = None,
     ref_logprobs: torch.Tensor | None = None,
     num_items: float | torch.Tensor | None = None,
+    num_sequences: int | None = None,
     accumulation_steps: int = 1,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The loss of one micro-batch, scaled for gradient accumulation like TRL.
@@ -134,9 +135,13 @@ def policy_loss(
         is_weights: importance weights (``(B, T)`` or ``(B, 1)``) multiplied into the
             per-token loss (see :func:`importance_weights`).
         ref_logprobs: the reference policy, needed when ``config.beta > 0``.
-        num_items: tokens in the whole accumulation window (``dapo``, ``cispo``);
-            default: this micro-batch's.
-        accumulation_steps: micro-batches per optimizer step.
+        num_items: tokens in the whole accumulation window (``dapo``, ``cispo``, and
+            ``bnpo`` when ``num_sequences`` is given); default: this micro-batch's.
+        num_sequences: sequences in the whole window. When given, ``grpo``, ``bnpo``
+            and ``dr_grpo`` normalise by window totals instead of per micro-batch
+            (TRL's way), so the loss does not depend on how rows were split into
+            micro-batches or across processes.
+        accumulation_steps: micro-batches per optimizer step (TRL's normalisation).
 
     Returns:
         The loss and a dict of detached statistics: ``clipped`` (tokens whose ratio
@@ -177,15 +182,21 @@ def policy_loss(
         per_token_loss = per_token_loss + config.beta * per_token_kl
         stats["kl"] = ((per_token_kl * mask).sum() / mask.sum().clamp(min=1.0)).detach()
     if config.kind == "grpo":
-        loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
-        loss = loss / accumulation_steps
+        per_sequence = (per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+        if num_sequences is not None:
+            loss = per_sequence.sum() / max(num_sequences, 1)
+        else:
+            loss = per_sequence.mean() / accumulation_steps
     elif config.kind == "bnpo":
-        loss = (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0) / accumulation_steps
+        if num_sequences is not None:
+            loss = (per_token_loss * mask).sum() / torch.as_tensor(num_items).clamp(min=1.0)
+        else:
+            loss = (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0) / accumulation_steps
     elif config.kind == "dr_grpo":
-        loss = (per_token_loss * mask).sum() / (
-            per_token_loss.size(0) * config.max_completion_length
-        )
-        loss = loss / accumulation_steps
+        rows = num_sequences if num_sequences is not None else per_token_loss.size(0)
+        loss = (per_token_loss * mask).sum() / (rows * config.max_completion_length)
+        if num_sequences is None:
+            loss = loss / accumulation_steps
     else:  # dapo, cispo: normalised by the tokens of the whole window
         total = mask.sum() * accumulation_steps if num_items is None else num_items
         loss = (per_token_loss * mask).sum() / torch.as_tensor(total).clamp(min=1.0)

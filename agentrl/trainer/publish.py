@@ -8,6 +8,10 @@ engine and for ``vllm serve`` on the same machine (the server reads the folder).
 LoRA: only the adapter is saved (``adapter_model.safetensors`` plus its config) and
 loaded with ``load_lora_adapter``; the base weights never move. Each publish reports
 the bytes that moved.
+
+NCCL (GPU): with a :class:`~agentrl.trainer.nccl.NCCLWeightSender`, nothing is written;
+the parameters are broadcast to vLLM's workers in packed buckets inside the same
+protocol.
 """
 
 from __future__ import annotations
@@ -60,12 +64,15 @@ class WeightPublisher:
         controller: RolloutController,
         directory: Path | None = None,
         keep: int = 2,
+        sender: Any = None,
     ) -> None:
         self.trainer = trainer
         self.controller = controller
         self.directory = Path(directory) if directory is not None else ram_dir()
         self.directory.mkdir(parents=True, exist_ok=True)
         self.keep = max(keep, 1)
+        self.sender = sender
+        """An NCCLWeightSender: push over NCCL instead of writing files (GPU)."""
         self._published: list[Path] = []
 
     async def publish(self, version: int | None = None) -> PublishStats:
@@ -74,6 +81,14 @@ class WeightPublisher:
         ``version``: the label to publish under (default: the engine's next one); a
         resumed run re-publishes its restored weights under their old version.
         """
+        if self.sender is not None:
+            sent: list[Any] = []
+            update = await self.controller.update_weights(
+                push=lambda: sent.append(self.sender.send()), version=version
+            )
+            self.trainer.version = update.version
+            return PublishStats(update.version, "nccl", sent[0].bytes if sent else 0,
+                                sent[0].seconds if sent else 0.0, update)  # fmt: skip
         t0 = time.perf_counter()
         label = self.trainer.version + 1 if version is None else version
         target = self.directory / f"v{label}-step{self.trainer.step}"
@@ -96,11 +111,11 @@ class WeightPublisher:
         tmp = target.with_name(target.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        model = self.trainer.model
+        model = self.trainer.unwrapped
         if self.trainer.is_lora:
             model.save_pretrained(tmp)  # adapter_model.safetensors + adapter_config.json
         else:
-            state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+            state = {k: v.contiguous() for k, v in self.trainer.full_state_dict().items()}
             save_file(state, tmp / "model.safetensors", metadata={"format": "pt"})
         os.replace(tmp, target)
         return sum(f.stat().st_size for f in target.iterdir() if f.is_file())

@@ -102,7 +102,15 @@ class StepStats:
 class Trainer:
     """Holds the model and optimizer; :meth:`train_step` runs one optimizer step."""
 
-    def __init__(self, model_path: str, config: TrainerConfig | None = None) -> None:
+    def __init__(
+        self, model_path: str, config: TrainerConfig | None = None, *, accelerator: Any = None
+    ) -> None:
+        """Load the model (and a LoRA adapter, and a reference model for KL).
+
+        ``accelerator``: an ``accelerate.Accelerator`` to train across processes (DDP,
+        or FSDP2 as configured); every rank builds its Trainer the same way and calls
+        :meth:`train_step` with the same groups (see :mod:`agentrl.trainer.distributed`).
+        """
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.config = config or TrainerConfig()
@@ -130,6 +138,17 @@ class Trainer:
             params, lr=self.config.lr, betas=self.config.betas,
             weight_decay=self.config.weight_decay,
         )  # fmt: skip
+        self.accelerator = accelerator
+        self._full_state: dict[str, torch.Tensor] | None = None
+        self.rank, self.world = 0, 1
+        if accelerator is not None:
+            self.model, self.optimizer = accelerator.prepare(self.model, self.optimizer)
+            self.rank, self.world = accelerator.process_index, accelerator.num_processes
+            if hasattr(self.model, "broadcast_buffers"):
+                # DDP would broadcast buffers (rotary tables) at every forward, a
+                # collective; ranks run different numbers of micro-batches. The buffers
+                # are constants, so nothing needs syncing but the gradients.
+                self.model.broadcast_buffers = False
         self.step = 0
         self.version = 0
         self.pad_id = int(self.tokenizer.pad_token_id or 0)
@@ -137,6 +156,28 @@ class Trainer:
     @property
     def is_lora(self) -> bool:
         return self.config.lora is not None
+
+    def _sharded(self) -> bool:
+        if self.accelerator is None:
+            return False
+        return "FSDP" in str(getattr(self.accelerator, "distributed_type", ""))
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The full (unsharded) weights, for publishing and checkpoints.
+
+        Under FSDP they were gathered on every rank at the end of the last step (a
+        collective all ranks join); otherwise the local model holds them.
+        """
+        if self._full_state is not None:
+            return self._full_state
+        return {k: v.detach().contiguous() for k, v in self.unwrapped.state_dict().items()}
+
+    @property
+    def unwrapped(self) -> Any:
+        """The model without its distributed wrapper (for saving and adapter control)."""
+        if self.accelerator is None:
+            return self.model
+        return self.accelerator.unwrap_model(self.model)
 
     def pin(self, cores: set[int] | None = None) -> None:
         """Keep the calling thread (the trainer's) on ``cores`` with few torch threads.
@@ -175,33 +216,31 @@ class Trainer:
         t0 = time.perf_counter()
         cfg = self.config
         rows = rows_from_groups(groups, cfg.scale_rewards)
-        batches = micro_batches(rows, cfg.micro_batch_tokens, self.pad_id)
-        total_tokens = float(sum(mb.tokens for mb in batches))
+        # Totals over the whole step (all ranks), so the loss does not depend on how
+        # rows are split into micro-batches or across processes.
+        total_tokens = float(sum(float(r.trajectory.loss_mask[1:].sum()) for r in rows))
+        total_rows = len(rows)
+        batches = micro_batches(rows[self.rank :: self.world], cfg.micro_batch_tokens, self.pad_id)
         self.optimizer.zero_grad(set_to_none=True)
         acc: dict[str, Any] = {"loss": 0.0, "clipped": 0.0, "tokens": 0.0, "w_min": float("inf"),
                "w_max": 0.0, "w_sum": 0.0, "gap_sum": 0.0, "gap_n": 0, "st_min": float("inf"),
                "st_max": 0.0, "st_sum": 0.0, "kl": 0.0}  # fmt: skip
-        for mb in batches:
-            mask = mb.mask
-            if cfg.loss.max_token_staleness is not None:
-                mask = mask * ((self.version - mb.versions) <= cfg.loss.max_token_staleness)
-            logprobs = self.logprobs(self.model, mb)
-            old = logprobs.detach()
-            lc = cfg.loss
-            weights = importance_weights(old, mb.behaviour_logprobs, mask, lc.correction,
-                                         lc.correction_min, lc.correction_max)  # fmt: skip
-            ref = self._ref_logprobs(mb) if cfg.loss.beta > 0 else None
-            loss, stats = policy_loss(
-                logprobs, old, mb.advantages, mask, cfg.loss, is_weights=weights,
-                ref_logprobs=ref, num_items=total_tokens, accumulation_steps=len(batches),
-            )  # fmt: skip
-            loss.backward()
-            self._accumulate(acc, loss, stats, mb, mask, old, weights)
+        for i, mb in enumerate(batches):
+            with self._sync(last=i == len(batches) - 1):
+                self._micro_step(mb, acc, total_tokens, total_rows, len(batches))
         params = [p for p in self.model.parameters() if p.requires_grad]
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
-        if batches:
+        if self.accelerator is not None:
+            if not batches:  # this rank had no rows: still join the gradient all-reduce
+                dummy = self.model(input_ids=torch.zeros(1, 2, dtype=torch.long)).logits.sum()
+                self.accelerator.backward(dummy * 0.0)
+            grad_norm = float(self.accelerator.clip_grad_norm_(params, cfg.max_grad_norm))
+        else:
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
+        if total_rows:
             self.optimizer.step()
         self.step += 1
+        if self._sharded():  # FSDP: gathering the full weights is a collective, on every rank
+            self._full_state = self.accelerator.get_state_dict(self.model)
         tokens = acc["tokens"]
         rewards = [t.reward for g in groups for t in g.trajectories if t.segment == 0]
         return StepStats(
@@ -225,11 +264,40 @@ class Trainer:
             step_s=time.perf_counter() - t0,
         )
 
+    def _micro_step(self, mb: MicroBatch, acc: dict[str, Any], total_tokens: float,
+                    total_rows: int, count: int) -> None:  # fmt: skip
+        cfg = self.config
+        mask = mb.mask
+        if cfg.loss.max_token_staleness is not None:
+            mask = mask * ((self.version - mb.versions) <= cfg.loss.max_token_staleness)
+        logprobs = self.logprobs(self.model, mb)
+        old = logprobs.detach()
+        lc = cfg.loss
+        weights = importance_weights(old, mb.behaviour_logprobs, mask, lc.correction,
+                                     lc.correction_min, lc.correction_max)  # fmt: skip
+        ref = self._ref_logprobs(mb) if cfg.loss.beta > 0 else None
+        loss, stats = policy_loss(
+            logprobs, old, mb.advantages, mask, cfg.loss, is_weights=weights,
+            ref_logprobs=ref, num_items=total_tokens, num_sequences=total_rows,
+            accumulation_steps=count,
+        )  # fmt: skip
+        if self.accelerator is None:
+            loss.backward()
+        else:  # the wrapper averages gradients over ranks; each loss is a share of the sum
+            self.accelerator.backward(loss * self.world)
+        self._accumulate(acc, loss, stats, mb, mask, old, weights)
+
+    def _sync(self, *, last: bool) -> Any:
+        """Only the last micro-batch of a rank all-reduces gradients (forward included)."""
+        if self.accelerator is None or last:
+            return contextlib.nullcontext()
+        return self.accelerator.no_sync(self.model)
+
     def _ref_logprobs(self, mb: MicroBatch) -> torch.Tensor:
         with torch.no_grad():
             if self.ref_model is not None:
                 return self.logprobs(self.ref_model, mb)
-            with self.model.disable_adapter():  # LoRA: the base model is the reference
+            with self.unwrapped.disable_adapter():  # LoRA: the base model is the reference
                 return self.logprobs(self.model, mb)
 
     def _accumulate(self, acc: dict[str, Any], loss: torch.Tensor, stats: dict[str, Any],

@@ -98,3 +98,14 @@ def test_a_kill_while_writing_leaves_the_previous_checkpoint(
     restored = Trainer(str(tiny_model), TrainerConfig(lr=1e-3))
     load_checkpoint(restored, latest_checkpoint(tmp_path))
     assert restored.step == 1
+
+
+def test_the_nccl_sender_refuses_without_cuda(tiny_model: Path) -> None:
+    from agentrl.errors import WeightSyncError
+    from agentrl.trainer.nccl import NCCLWeightSender, nccl_available
+
+    if nccl_available():
+        pytest.skip("this machine has CUDA; tests/trainer/test_nccl_gpu.py covers the path")
+    trainer = Trainer(str(tiny_model), TrainerConfig())
+    with pytest.raises(WeightSyncError, match="needs CUDA; on this machine publish through files"):
+        NCCLWeightSender(trainer.model, control=None)

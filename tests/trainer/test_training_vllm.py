@@ -101,3 +101,23 @@ async def test_lora_training_moves_only_the_adapter(tiny_model: Path, tmp_path: 
     print(f"\nLoRA publish bytes {records[0].publish.bytes} vs full model {full}; "
           f"fresh-token gap {[f'{g:.2e}' for g in gaps]}")  # fmt: skip
     assert gaps and max(gaps) < 1e-3, "vLLM serves the adapter the trainer trained"
+
+
+async def test_full_weights_publish_over_http_to_vllm_serve(
+    tiny_model: Path, tmp_path: Path, tokenizer: Any
+) -> None:
+    """The same loop against `vllm serve`: the server reads each published folder."""
+    from agentrl.inference.server import VLLMServer, VLLMServerClient
+
+    config = InferenceConfig(model=str(tiny_model))
+    async with await VLLMServer.start(config, log_dir=tmp_path / "logs") as server:
+        async with VLLMServerClient(server.url, config) as http:
+            trainer = Trainer(str(tiny_model), TrainerConfig(lr=3e-3, loss=LossConfig("dapo")))
+            records, _ = await train(http, tokenizer, trainer, tmp_path / "run", steps=3,
+                                     mode="sync")  # fmt: skip
+            assert http.version == trainer.version == 3
+    gaps = [r.stats.logprob_gap_fresh for r in records if r.stats.fresh_tokens]
+    print(f"\nHTTP: fresh-token gap {[f'{g:.2e}' for g in gaps]}; publish "
+          f"{[round(r.publish.update.pause_to_resume_s, 3) for r in records]} s")  # fmt: skip
+    # sync mode: every step trains tokens of the version it publishes from
+    assert len(gaps) == 3 and max(gaps) < 1e-3, "the server serves what the trainer trained"
