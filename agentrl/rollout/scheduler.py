@@ -140,6 +140,8 @@ class Scheduler:
                 await self._admit()
                 if self._stopping:
                     break
+                if self.writer is not None:  # recorded in admission order
+                    self.writer.task(task, self.config.group_size)
                 tg.create_task(self._run_group(task), name=f"group-{task.task_id}")
 
     async def _admit(self) -> None:
@@ -162,11 +164,8 @@ class Scheduler:
         ended: dict[str, list[Trajectory]] = {}
         partials: dict[str, PartialEpisode] = {}
         attempts: dict[str, int] = {}
-        if self.writer is not None:
-            if self.resume:
-                ended, partials, attempts = await asyncio.to_thread(self._stored, task, size)
-            else:
-                self.writer.task(task, size)
+        if self.writer is not None and self.resume:
+            ended, partials, attempts = await asyncio.to_thread(self._stored, task, size)
         results = await asyncio.gather(
             *(
                 self._run_episode(task, i, ended, partials.get(f"{task.task_id}/{i}"), attempts)
@@ -187,10 +186,14 @@ class Scheduler:
         self, task: Task, size: int
     ) -> tuple[dict[str, list[Trajectory]], dict[str, PartialEpisode], dict[str, int]]:
         store = self.writer.store  # type: ignore[union-attr]
-        if store.add_tasks([task], size) == 0 and store.group_size(task.task_id) != size:
+        try:
+            stored_size = store.group_size(task.task_id)
+        except KeyError:  # a new task (its record is on its way through the writer)
+            stored_size = size
+        if stored_size != size:
             raise ConfigError(
-                f"task {task.task_id!r} was stored with group size "
-                f"{store.group_size(task.task_id)}, but this run uses {size}"
+                f"task {task.task_id!r} was stored with group size {stored_size}, but this "
+                f"run uses {size}"
             )
         ended = store.ended_episodes(task.task_id)
         ids = [f"{task.task_id}/{i}" for i in range(size)]
