@@ -26,6 +26,7 @@ wrappers may run the calls in worker threads.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import json
@@ -623,21 +624,17 @@ class StoreWriter:
         self.metrics = metrics
         self._ops: list[tuple[str, Any] | None] = []
         self._partial_at: dict[str, int] = {}
-        self._flush_lock: Any = None
-        self._task: Any = None
-        self._wake: Any = None
+        self._flush_lock: asyncio.Lock | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._wake: asyncio.Event | None = None
 
     async def __aenter__(self) -> StoreWriter:
-        import asyncio
-
         self._flush_lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._task = asyncio.create_task(self._run(), name="store-writer")
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        import asyncio
-
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -684,8 +681,6 @@ class StoreWriter:
 
     async def flush(self) -> None:
         """Commit everything submitted so far; return when it is on disk."""
-        import asyncio
-
         lock = self._flush_lock or asyncio.Lock()
         async with lock:
             ops = [op for op in self._ops if op is not None]
@@ -718,8 +713,6 @@ class StoreWriter:
                     store.record_version(*payload)
 
     async def _run(self) -> None:
-        import asyncio
-
         while True:
             await self._wake.wait()
             self._wake.clear()

@@ -188,8 +188,7 @@ class EpisodeRunner:
         """Discard a parked episode when it is released; return its sampled tokens."""
         ep = self.parked[episode_id]
         ep.drop_reason = reason
-        conv = ep.conversation
-        return sum(sum(s.loss_mask) for s in conv.segments) if conv is not None else 0
+        return _sampled_tokens(ep)
 
     async def wait_parked(self, episode_ids: set[str]) -> None:
         """Wait until each of these episodes is parked at the gate or has ended."""
@@ -439,9 +438,7 @@ class EpisodeRunner:
             self.parked.pop(ep.episode_id, None)
             progress.phase = phase
         if ep.drop_reason is not None:
-            conv = ep.conversation
-            tokens = sum(sum(s.loss_mask) for s in conv.segments) if conv else 0
-            raise EpisodeDropped(ep.episode_id, ep.drop_reason, tokens)
+            raise EpisodeDropped(ep.episode_id, ep.drop_reason, _sampled_tokens(ep))
 
     async def _sample(self, ep: _Episode) -> tuple[str, str]:
         """Generate one assistant turn; continue after aborts from the exact prefix."""
@@ -524,6 +521,11 @@ class EpisodeRunner:
             turn_starts=ep.turn_starts,
             **arrays,
         )
+
+
+def _sampled_tokens(ep: _Episode) -> int:
+    conv = ep.conversation
+    return sum(sum(s.loss_mask) for s in conv.segments) if conv is not None else 0
 
 
 def _log_step(

@@ -12,7 +12,6 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from agentrl.inference.engine import VLLMEngineClient
@@ -157,4 +156,3 @@ async def test_drop_policy_discards_and_reruns_stale_episodes(
         # the reruns are later attempts; each episode ended exactly once
         ended = store.episodes(state=["finished", "truncated", "failed"])
         assert len(ended) == len({t.episode_id for t in trajectories}) == 24
-    assert np.all([t.attempt >= 0 for t in trajectories])
