@@ -3,6 +3,10 @@
 Commands:
     agentrl demo [--server] [--model SPEC]   build the tiny model, generate through real vLLM
     agentrl build-model [--cache-dir DIR]    build (or find) the tiny model, print its folder
+    agentrl train CONFIG.toml [--key.sub=V]  the whole job: rollouts, training, evaluation
+    agentrl train --resume RUN_DIR           continue a killed or interrupted run
+    agentrl top RUN_DIR                      live view of a run's in-flight episodes
+    agentrl plot RUN_DIR                     (re)write the run's PNG plots
 
 This is the only place that calls ``asyncio.run``.
 """
@@ -88,6 +92,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="import this first (registers your env)",
     )
 
+    train = commands.add_parser(
+        "train",
+        help="train an agent: agentrl train CONFIG.toml [--section.key=value ...]",
+        description="Run the job a TOML config describes (see agentrl/config.py for every key). "
+        'Overrides: --section.key=value, the value read as TOML (3e-4, true, "text").',
+    )
+    train.add_argument("config", nargs="?", help="the run's TOML config")
+    train.add_argument("--resume", metavar="RUN_DIR", default=None,
+                       help="continue the run in RUN_DIR with its recorded config")  # fmt: skip
+
+    top_cmd = commands.add_parser("top", help="live view of a run (from another terminal)")
+    top_cmd.add_argument("run_dir")
+    top_cmd.add_argument("--once", action="store_true", help="print one view and exit")
+
+    plot = commands.add_parser("plot", help="write the run's PNG plots from metrics.jsonl")
+    plot.add_argument("run_dir")
+
     replay = commands.add_parser(
         "replay",
         help="list, show, verify, resume, fork or export recorded episodes",
@@ -119,13 +140,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     replay.add_argument("--temperature", type=float, default=None)
     replay.add_argument("--max-tokens", type=int, default=None, help="per assistant turn")
 
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command != "train":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     if not args.verbose:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+        # vLLM then installs its own handler at that level, also in its engine process
+        # (unconfigured, its warnings would reach stderr through Python's last resort).
+        os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "1")
+        logging.getLogger("vllm").setLevel(logging.ERROR)
     try:
         if args.command == "build-model":
             from agentrl.models.tiny import build_tiny_model
@@ -139,9 +166,44 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _rollout(args)
         elif args.command == "replay":
             return _replay(args)
+        elif args.command == "train":
+            return _train(args.config, extra, args.resume)
+        elif args.command == "top":
+            from pathlib import Path
+
+            from agentrl.monitor import top
+
+            return top(Path(args.run_dir), once=args.once)
+        elif args.command == "plot":
+            from agentrl.plots import write_plots
+
+            for path in write_plots(args.run_dir):
+                print(path)
     except AgentRLError as e:
         print(f"agentrl: error: {e}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _train(config: str | None, overrides: list[str], resume: str | None) -> int:
+    from agentrl.errors import ConfigError
+    from agentrl.run import prepare, train
+
+    bad = [o for o in overrides if not o.startswith("--") or "=" not in o]
+    if bad:
+        raise ConfigError(
+            f"unrecognized argument {bad[0]!r}; overrides look like --section.key=value"
+        )
+    cfg, run_dir = prepare(config, overrides, resume=resume)
+    try:
+        result = asyncio.run(train(cfg, run_dir, resume=resume is not None))
+    except KeyboardInterrupt:
+        print(f"interrupted; continue with: agentrl train --resume {run_dir}", file=sys.stderr)
+        return 130
+    print(
+        f"done: {result.steps} steps in {result.wall_s:.0f} s; run directory {run_dir} "
+        f"(agentrl top {run_dir}, agentrl replay {run_dir}, plots in {run_dir}/plots)"
+    )
     return 0
 
 

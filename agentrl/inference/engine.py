@@ -82,6 +82,8 @@ class VLLMEngineClient:
             # temperature, top-k, top-p): what importance correction needs.
             logprobs_mode="processed_logprobs",
             disable_log_stats=True,
+            # No progress bar on every weight reload (it would break the live display).
+            use_tqdm_on_load=False,
             **(
                 {"weight_transfer_config": {"backend": config.weight_transfer}}
                 if config.weight_transfer
@@ -309,11 +311,20 @@ class VLLMEngineClient:
         if ids:
             self._inflight.aborted.update(ids)
             await self._engine.abort(ids)
-        await asyncio.to_thread(self._engine.shutdown)
-        # vLLM's __del__ shuts down again; run it now, not at interpreter teardown
-        # where it fails on half-destroyed module globals.
-        del self._engine
-        gc.collect()
+        # Shutting down kills the engine core under AsyncLLM's output handler, which then
+        # logs an EngineDeadError traceback: expected here, so not shown.
+        handler_log = logging.getLogger("vllm.v1.engine.async_llm")
+        level = handler_log.level
+        handler_log.setLevel(logging.CRITICAL)
+        try:
+            await asyncio.to_thread(self._engine.shutdown)
+            # vLLM's __del__ shuts down again; run it now, not at interpreter teardown
+            # where it fails on half-destroyed module globals.
+            del self._engine
+            gc.collect()
+            await asyncio.sleep(0.1)
+        finally:
+            handler_log.setLevel(level)
 
 
 def _span_versions(spans: Any, default: int) -> tuple[int, ...] | None:

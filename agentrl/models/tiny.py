@@ -101,6 +101,18 @@ class TinyModelConfig:
     seed: int = 0
     corpus_examples: int = 3000
     """Number of generated text samples the tokenizer is trained on."""
+    architecture: str = "qwen2"
+    """``qwen2`` or ``qwen3`` (per-head q/k norms, no qkv bias). transformers loads every
+    ``qwen2`` model with Qwen's own pre-tokenizer (one digit per token), so a tokenizer
+    with ``number_chunks`` needs ``qwen3``, whose tokenizer is read from its files."""
+    number_chunks: bool = False
+    aligned_head: bool = False
+    """Start the (untied) LM head as a copy of the input embeddings, so that copying a
+    token from the context (an operand into a tool call, a tool result into an answer)
+    is natural from the first step instead of learned token by token."""
+    """Split numbers into chunks of up to three digits, each chunk one token (as Llama 3
+    and GPT-4 tokenizers do), instead of one token per digit (as Qwen). Copying a number
+    then means copying one or two tokens, which a tiny model learns far sooner."""
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_attention_heads:
@@ -113,6 +125,13 @@ class TinyModelConfig:
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
                 f"num_key_value_heads ({self.num_key_value_heads})"
             )
+        if self.architecture not in ("qwen2", "qwen3"):
+            raise ValueError(f"architecture must be 'qwen2' or 'qwen3', not {self.architecture!r}")
+        if self.number_chunks and self.architecture == "qwen2":
+            raise ValueError(
+                "number_chunks needs architecture='qwen3': transformers replaces the "
+                "pre-tokenizer of every qwen2 model with Qwen's one-digit-per-token one"
+            )
         if self.vocab_size < 256 + len(SPECIAL_TOKENS):
             raise ValueError(
                 f"vocab_size ({self.vocab_size}) must be at least "
@@ -121,9 +140,12 @@ class TinyModelConfig:
 
     def key(self) -> str:
         """A short hash that names this config's cache folder."""
-        payload = json.dumps(
-            {"revision": BUILDER_REVISION, **dataclasses.asdict(self)}, sort_keys=True
-        )
+        fields = dataclasses.asdict(self)
+        defaults = (("number_chunks", False), ("architecture", "qwen2"), ("aligned_head", False))
+        for name, default in defaults:
+            if fields[name] == default:  # keeps the cache keys of configs made before
+                del fields[name]
+        payload = json.dumps({"revision": BUILDER_REVISION, **fields}, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:12]
 
 
@@ -149,7 +171,7 @@ def build_tiny_model(
     """
     config = config or TinyModelConfig()
     parent = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    target = parent / f"tiny-qwen2-{config.key()}"
+    target = parent / f"tiny-{config.architecture}-{config.key()}"
     if (target / "agentrl-tiny.json").is_file():
         return target
     parent.mkdir(parents=True, exist_ok=True)
@@ -170,13 +192,26 @@ def build_tiny_model(
 
 def _write_model(config: TinyModelConfig, out: Path) -> None:
     import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (
+        GenerationConfig,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
 
     tokenizer = build_tokenizer(config)
     tokenizer.save_pretrained(out)
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     eot = tokenizer.convert_tokens_to_ids("<|endoftext|>")
-    model_config = Qwen2Config(
+    config_class, model_class = (
+        (Qwen3Config, Qwen3ForCausalLM)
+        if config.architecture == "qwen3"
+        else (Qwen2Config, Qwen2ForCausalLM)
+    )
+    extra = {"head_dim": config.hidden_size // config.num_attention_heads}
+    model_config = config_class(
+        **(extra if config.architecture == "qwen3" else {}),
         vocab_size=len(tokenizer),
         hidden_size=config.hidden_size,
         num_hidden_layers=config.num_hidden_layers,
@@ -195,7 +230,10 @@ def _write_model(config: TinyModelConfig, out: Path) -> None:
     generator_state = torch.random.get_rng_state()
     torch.manual_seed(config.seed)
     try:
-        model = Qwen2ForCausalLM(model_config).to(torch.float32)
+        model = model_class(model_config).to(torch.float32)
+        if config.aligned_head:
+            with torch.no_grad():
+                model.lm_head.weight.copy_(model.model.embed_tokens.weight)
     finally:
         torch.random.set_rng_state(generator_state)
     model.generation_config = GenerationConfig(
@@ -209,17 +247,21 @@ def _write_model(config: TinyModelConfig, out: Path) -> None:
 def build_tokenizer(config: TinyModelConfig):  # -> transformers.PreTrainedTokenizerFast
     """Train the byte-level BPE tokenizer on generated text and wrap it for transformers.
 
-    Digits are split one per token (as in Qwen), which keeps arithmetic learnable.
+    Digits are split one per token (as in Qwen), or with ``number_chunks`` into
+    left-aligned chunks of up to three digits (``1786`` is ``178`` ``6``), every chunk
+    from ``0`` to ``999`` (leading zeros included) being one token.
     """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
+    digits = (
+        pre_tokenizers.Split(Regex(r"\d{1,3}"), behavior="isolated")
+        if config.number_chunks
+        else pre_tokenizers.Digits(individual_digits=True)
+    )
     tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Digits(individual_digits=True),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-        ]
+        [digits, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]
     )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
@@ -230,6 +272,14 @@ def build_tokenizer(config: TinyModelConfig):  # -> transformers.PreTrainedToken
         show_progress=False,
     )
     tok.train_from_iterator(_corpus(config), trainer=trainer)
+    if config.number_chunks:
+        split = [c for c in _number_chunks() if len(tok.encode(c).ids) != 1]
+        if split:
+            raise ValueError(
+                f"vocab_size {config.vocab_size} is too small for number_chunks: "
+                f"{len(split)} chunks (e.g. {split[0]!r}) are not single tokens; raise it "
+                f"to at least {256 + len(SPECIAL_TOKENS) + 1110 + 400}"
+            )
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",
@@ -250,9 +300,19 @@ _WORDS = (
 ).split()
 
 
+def _number_chunks() -> list[str]:
+    """Every string of one to three digits: the number tokens of ``number_chunks``."""
+    return [f"{n:0{width}d}" for width in (1, 2, 3) for n in range(10**width)]
+
+
 def _corpus(config: TinyModelConfig):
     """Deterministic text in the shapes the tiny model will see."""
     rng = random.Random(config.seed)
+    if config.number_chunks:
+        # Frequent enough that BPE merges every chunk before rarer text pairs.
+        chunks = " ".join(_number_chunks())
+        for _ in range(64):
+            yield chunks
     schema = {
         "name": "calculator",
         "description": "Evaluate an arithmetic expression.",
@@ -262,6 +322,27 @@ def _corpus(config: TinyModelConfig):
             "required": ["expression"],
         },
     }
+    system = "You are a helpful assistant."
+    if config.number_chunks:
+        # The newer tokenizers also learn the calculator env's exact prompt (its tool
+        # schema as agentrl renders it), which then takes a few dozen tokens, not 150.
+        system = "Use the calculator tool, then reply with 'Answer: N'."
+        schema = {
+            "name": "calculator",
+            "description": "Evaluate an arithmetic expression.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "expression": {
+                        "type": "string",
+                        "description": "Numbers and the operators + - * / // % ** with "
+                        'parentheses, e.g. "47*38".',
+                    }
+                },
+                "required": ["expression"],
+            },
+            "return": {"type": "string"},
+        }
     for _ in range(config.corpus_examples):
         a, b = rng.randint(0, 999), rng.randint(0, 999)
         op = rng.choice("+-*")
@@ -269,7 +350,7 @@ def _corpus(config: TinyModelConfig):
         words = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(3, 12)))
         call = json.dumps({"name": "calculator", "arguments": {"expression": f"{a}{op}{b}"}})
         yield (
-            f"<|im_start|>system\nYou are a helpful assistant.\n# Tools\n<tools>\n"
+            f"<|im_start|>system\n{system}\n# Tools\n<tools>\n"
             f"{json.dumps(schema)}\n</tools>\nCall a tool with <tool_call>"
             f'{{"name": NAME, "arguments": ARGS}}</tool_call><|im_end|>\n'
             f"<|im_start|>user\nWhat is {a} {op} {b}? {words}<|im_end|>\n"

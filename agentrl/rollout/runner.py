@@ -31,7 +31,7 @@ import asyncio
 import dataclasses
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from agentrl.chat import Conversation, as_messages
@@ -40,6 +40,7 @@ from agentrl.errors import ContextOverflowError, InfraError
 from agentrl.inference.base import InferenceClient, SamplingConfig
 from agentrl.metrics import Metrics
 from agentrl.tools import ToolSet
+from agentrl.trace import ROLLOUT, EpisodeTrace, Tracer
 from agentrl.types import EpisodeStatus, PartialEpisode, Task, Timings, Trajectory
 
 _request_ids = itertools.count()
@@ -80,6 +81,21 @@ class EpisodeProgress:
     started_version: int = 0
     sampled: int = 0
     started_at: float = dataclasses.field(default_factory=time.monotonic)
+    tokens_by_version: dict[int, int] = dataclasses.field(default_factory=dict)
+    """Sampled tokens per policy version, so far."""
+    tool_calls: int = 0
+    trace: Any = dataclasses.field(default=None, repr=False)
+    """An :class:`~agentrl.trace.EpisodeTrace` when the runner traces."""
+
+    def set_phase(self, phase: str) -> None:
+        self.phase = phase
+        if self.trace is not None:
+            self.trace.enter(phase)
+
+    def add_tokens(self, versions: Sequence[int]) -> None:
+        self.sampled += len(versions)
+        for v in versions:
+            self.tokens_by_version[int(v)] = self.tokens_by_version.get(int(v), 0) + 1
 
 
 class EnvFailure(Exception):
@@ -143,8 +159,12 @@ class EpisodeRunner:
         make: Callable[..., Any] = make_env,
         admission: asyncio.Event | None = None,
         checkpoint: Callable[[PartialEpisode], Any] | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
         self.client = client
+        self.tracer = tracer
+        self.trace_pid = ROLLOUT
+        """The trace track its episodes go to (evaluation uses its own)."""
         self.tokenizer = tokenizer
         self.config = config or RolloutConfig()
         self.metrics = metrics or Metrics()
@@ -205,10 +225,15 @@ class EpisodeRunner:
         if ep.episode_id in self.live:
             raise ValueError(f"episode {ep.episode_id!r} is already running")
         self.live[ep.episode_id] = ep.progress
+        if self.tracer is not None and self.tracer.enabled:
+            ep.progress.trace = EpisodeTrace(self.tracer, ep.episode_id, self.trace_pid)
+            ep.progress.set_phase(ep.progress.phase)
         self.metrics.count("episodes_resumed" if partial else "episodes_started")
         try:
             return await self._drive(ep, partial)
         finally:
+            if ep.progress.trace is not None:
+                ep.progress.trace.end()
             del self.live[ep.episode_id]
             self.parked.pop(ep.episode_id, None)
             await self._notify_parked()
@@ -240,10 +265,11 @@ class EpisodeRunner:
                 parsed = toolset.parse(text)
                 if parsed.has_tool_activity:
                     ep.tool_calls += len(parsed.calls) + len(parsed.errors)
+                    ep.progress.tool_calls = ep.tool_calls
                     if ep.tool_calls > cfg.max_tool_calls:
                         status, reason = "truncated", f"tool-call limit ({cfg.max_tool_calls})"
                         break
-                    ep.progress.phase = "tool"
+                    ep.progress.set_phase("tool")
                     t0 = time.perf_counter()
                     results = [await toolset.call(c) for c in parsed.calls] + list(parsed.errors)
                     ep.timings.tools_s += time.perf_counter() - t0
@@ -256,7 +282,7 @@ class EpisodeRunner:
                         break
                     self._checkpoint(ep, t_start)
                     continue
-                ep.progress.phase = "env"
+                ep.progress.set_phase("env")
                 obs, reward, terminated, truncated, info = await self._env_call(
                     ep.timings, "step", _checked_step, ep.handle, text
                 )
@@ -349,7 +375,11 @@ class EpisodeRunner:
         ep.info = dict(p.info)
         if p.turn_sampled:
             ep.pending = list(ep.conversation.token_ids[-p.turn_sampled :])
-        ep.progress.sampled = p.num_sampled
+        ep.progress.tool_calls = p.tool_calls
+        for seg in ep.conversation.segments:
+            ep.progress.add_tokens(
+                [v for v, m in zip(seg.versions, seg.loss_mask, strict=True) if m]
+            )
 
     def _turn_start(self, ep: _Episode) -> dict[str, int]:
         conv = ep.conversation
@@ -427,7 +457,8 @@ class EpisodeRunner:
         """Wait at the closed admission gate (a weight update is running)."""
         assert self.admission is not None
         progress = ep.progress
-        phase, progress.phase = progress.phase, "paused"
+        phase = progress.phase
+        progress.set_phase("paused")
         self.parked[ep.episode_id] = ep
         await self._notify_parked()
         t0 = time.perf_counter()
@@ -436,7 +467,7 @@ class EpisodeRunner:
         finally:
             ep.timings.engine_wait_s += time.perf_counter() - t0
             self.parked.pop(ep.episode_id, None)
-            progress.phase = phase
+            progress.set_phase(phase)
         if ep.drop_reason is not None:
             raise EpisodeDropped(ep.episode_id, ep.drop_reason, _sampled_tokens(ep))
 
@@ -446,7 +477,7 @@ class EpisodeRunner:
         assert conversation is not None
         budget = self.config.max_tokens_per_turn
         sampled = ep.pending
-        ep.progress.phase = "engine"
+        ep.progress.set_phase("engine")
         while True:
             if self.admission is not None and not self.admission.is_set():
                 await self._park(ep)
@@ -476,7 +507,7 @@ class EpisodeRunner:
                 ep.timings.generate_s += time.perf_counter() - t0
             conversation.add_sampled(gen.token_ids, gen.logprobs, gen.versions)
             sampled.extend(gen.token_ids)
-            ep.progress.sampled += len(gen.token_ids)
+            ep.progress.add_tokens(gen.versions)
             self.metrics.count("tokens_sampled", len(gen.token_ids))
             if gen.finish_reason != "abort":
                 finish = gen.finish_reason

@@ -24,6 +24,7 @@ import concurrent.futures
 import dataclasses
 import itertools
 import logging
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Literal
@@ -32,6 +33,7 @@ from agentrl.errors import ConfigError
 from agentrl.queue import TrajectoryQueue
 from agentrl.rollout.scheduler import Scheduler
 from agentrl.store import EpisodeStore
+from agentrl.trace import CHECKPOINT_LANE, SYNC_LANE, TRAIN_LANE, TRAINER, Tracer
 from agentrl.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from agentrl.trainer.publish import PublishStats, WeightPublisher
 from agentrl.trainer.trainer import StepStats, Trainer
@@ -64,6 +66,8 @@ class StepRecord:
     stats: StepStats
     publish: PublishStats | None
     train_s: float
+    groups: list[Group] = dataclasses.field(default_factory=list)
+    """The groups trained at this step."""
 
 
 class TrainLoop:
@@ -80,6 +84,7 @@ class TrainLoop:
         store: EpisodeStore | None = None,
         checkpoint_dir: Path | None = None,
         on_step: Callable[[StepRecord], Any] | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
         self.trainer = trainer
         self.publisher = publisher
@@ -89,6 +94,7 @@ class TrainLoop:
         self.store = store
         self.checkpoint_dir = checkpoint_dir
         self.on_step = on_step
+        self.tracer = tracer or Tracer(None)
         self.records: list[StepRecord] = []
         self.busy = {"train_s": 0.0, "publish_s": 0.0}
         # one thread for all trainer math, pinned off vLLM's core once
@@ -159,8 +165,6 @@ class TrainLoop:
         return await self.queue.get_batch(self.config.groups_per_step)
 
     async def _train(self, groups: list[Group]) -> None:
-        import time
-
         t0 = time.perf_counter()
         loop = asyncio.get_running_loop()
         if self.trainer.world > 1:  # the other ranks (running follow()) train on them too
@@ -172,16 +176,22 @@ class TrainLoop:
         stats = await loop.run_in_executor(self._executor, self.trainer.train_step, groups)
         train_s = time.perf_counter() - t0
         self.busy["train_s"] += train_s
+        self.tracer.span(f"train step {stats.step}", TRAINER, TRAIN_LANE, t0, t0 + train_s,
+                         {"tokens": stats.tokens, "loss": stats.loss}, cat="train")  # fmt: skip
         if self.store is not None:
             await asyncio.to_thread(self.store.mark_consumed, groups, self.trainer.step)
         t1 = time.perf_counter()
         published = await self.publisher.publish()
-        self.busy["publish_s"] += time.perf_counter() - t1
+        t2 = time.perf_counter()
+        self.busy["publish_s"] += t2 - t1
+        self.tracer.span(f"weight sync v{published.version}", TRAINER, SYNC_LANE, t1, t2,
+                         published.update.as_dict(), cat="sync")  # fmt: skip
         await self.scheduler.notify_version()
         every = self.config.checkpoint_every
         if self.checkpoint_dir is not None and every and self.trainer.step % every == 0:
-            await asyncio.to_thread(save_checkpoint, self.trainer, self.checkpoint_dir)
-        record = StepRecord(stats, published, train_s)
+            with self.tracer.section("checkpoint", TRAINER, CHECKPOINT_LANE):
+                await asyncio.to_thread(save_checkpoint, self.trainer, self.checkpoint_dir)
+        record = StepRecord(stats, published, train_s, groups)
         self.records.append(record)
         if self.on_step is not None:
             self.on_step(record)

@@ -1,0 +1,286 @@
+"""What a user sees of a run: the live display, status.json, metrics files, `agentrl top`.
+
+* :class:`MetricsLog` appends one JSON object per optimizer step to ``metrics.jsonl``
+  and writes the same scalars as TensorBoard event files (``tb/``), and to wandb or
+  trackio when asked for and installed.
+* :func:`write_status` rewrites ``status.json`` atomically: the run's headline numbers
+  and every in-flight episode. ``agentrl top RUN_DIR`` reads it from another terminal.
+* :func:`render` turns a status into a rich renderable; the live display during
+  ``agentrl train`` and ``agentrl top`` both use it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from agentrl.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+STATUS_FILE = "status.json"
+METRICS_FILE = "metrics.jsonl"
+
+
+class MetricsLog:
+    """Per-step scalars to JSONL, TensorBoard and (optionally) wandb / trackio."""
+
+    def __init__(self, run_dir: Path, *, tensorboard: bool = True, wandb: bool = False,
+                 trackio: bool = False, name: str = "run", config: dict[str, Any] | None = None
+                 ) -> None:  # fmt: skip
+        self.path = run_dir / METRICS_FILE
+        self._file = self.path.open("a", encoding="utf-8")
+        self._tb: Any = None
+        self._wandb: Any = None
+        self._trackio: Any = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=str(run_dir / "tb"))
+        if wandb:
+            try:
+                import wandb as wandb_module
+            except ImportError:
+                raise ConfigError(
+                    "log.wandb = true but wandb is not installed; `pip install wandb` or set it "
+                    "to false"
+                ) from None
+            self._wandb = wandb_module.init(project="agentrl", name=name, config=config,
+                                            dir=str(run_dir))  # fmt: skip
+        if trackio:
+            try:
+                import trackio as trackio_module
+            except ImportError:
+                raise ConfigError(
+                    "log.trackio = true but trackio is not installed; `pip install trackio` or "
+                    "set it to false"
+                ) from None
+            self._trackio = trackio_module
+            trackio_module.init(project="agentrl", name=name, config=config)
+
+    def log(self, step: int, values: Mapping[str, Any], *, kind: str = "train") -> None:
+        row = {"kind": kind, "step": step, "time": time.time(), **values}
+        self._file.write(json.dumps(row, default=_jsonable) + "\n")
+        self._file.flush()
+        scalars = {
+            f"{kind}/{k}": float(v)
+            for k, v in values.items()
+            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+        }
+        if self._tb is not None:
+            for name, value in scalars.items():
+                self._tb.add_scalar(name, value, step)
+            self._tb.flush()
+        if self._wandb is not None:
+            self._wandb.log(scalars, step=step)
+        if self._trackio is not None:
+            self._trackio.log(scalars, step=step)
+
+    def close(self) -> None:
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+        if self._trackio is not None:
+            self._trackio.finish()
+
+
+def read_metrics(run_dir: Path, kind: str | None = "train") -> list[dict[str, Any]]:
+    """The rows of ``metrics.jsonl`` (of one kind), skipping a torn last line."""
+    path = Path(run_dir) / METRICS_FILE
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if kind is None or row.get("kind") == kind:
+            rows.append(row)
+    return rows
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    return str(value)
+
+
+def write_status(run_dir: Path, status: dict[str, Any]) -> None:
+    """Replace ``status.json`` atomically (readers never see half a file)."""
+    tmp = run_dir / f".{STATUS_FILE}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(status, default=_jsonable))
+    os.replace(tmp, run_dir / STATUS_FILE)
+
+
+def read_status(run_dir: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((Path(run_dir) / STATUS_FILE).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# ---- rendering -----------------------------------------------------------------------
+
+
+def _fmt(value: Any, spec: str = ".3f", missing: str = "-") -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return missing
+    return format(value, spec)
+
+
+def headline(status: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The run's numbers as (label, value) pairs, in display order."""
+    t = status.get("time", {})
+    wall = max(t.get("wall_s", 0.0), 1e-9)
+    errors = status.get("errors", {})
+    return [
+        ("state", str(status.get("state", "?"))),
+        ("step", f"{status.get('step', 0)}/{status.get('steps', '?')}  "
+                 f"(version {status.get('version', 0)})"),
+        ("reward", f"{_fmt(status.get('reward_mean'))}  success "
+                   f"{_fmt(status.get('success_rate'), '.1%')}  tool use "
+                   f"{_fmt(status.get('tool_use_rate'), '.1%')}"),
+        ("tokens/s", _fmt(status.get("tokens_per_s"), ",.0f")),
+        ("staleness", f"mean {_fmt(status.get('staleness_mean'), '.2f')}  "
+                      f"max {_fmt(status.get('staleness_max'), '.0f')}"),
+        ("queue", f"{status.get('queue_depth', 0)} groups  |  in flight "
+                  f"{status.get('in_flight', 0)} episodes"),
+        ("errors", ", ".join(f"{k} {v}" for k, v in sorted(errors.items())) or "none"),
+        ("time", f"generating {t.get('generation_s', 0.0) / wall:.0%}  training "
+                 f"{t.get('training_s', 0.0) / wall:.0%}  weight sync "
+                 f"{t.get('publish_s', 0.0) / wall:.0%}  of {wall:.0f} s"),
+    ]  # fmt: skip
+
+
+def render(status: Mapping[str, Any], *, episodes: bool = True, limit: int = 30) -> Any:
+    """A rich renderable: the headline, then (optionally) the in-flight episodes."""
+    from rich.console import Group as RichGroup
+    from rich.table import Table
+
+    head = Table.grid(padding=(0, 2))
+    head.add_column(style="bold cyan", justify="right")
+    head.add_column()
+    title = status.get("name", "run")
+    for label, value in headline(status):
+        head.add_row(label, value)
+    for label, ev in (status.get("eval") or {}).items():
+        head.add_row(f"eval {label}", f"success {_fmt(ev.get('success_rate'), '.1%')}  tool use "
+                     f"{_fmt(ev.get('tool_use_rate'), '.1%')}  ({ev.get('episodes', 0)} episodes, "
+                     f"version {ev.get('version', '?')})")  # fmt: skip
+    parts: list[Any] = [f"[bold]{title}[/]  {status.get('run_dir', '')}", head]
+    if episodes:
+        live = list(status.get("episodes", []))
+        table = Table(title=f"in-flight episodes ({len(live)})", title_justify="left",
+                      show_edge=False, pad_edge=False)  # fmt: skip
+        for col in ("episode", "env", "turn", "age (versions)", "tokens by version", "tools",
+                    "waiting on", "age"):  # fmt: skip
+            table.add_column(col, justify="right" if col in ("turn", "tools", "age") else "left")
+        version = int(status.get("version", 0))
+        for ep in sorted(live, key=lambda e: e.get("started_version", 0))[:limit]:
+            by_version = ep.get("tokens_by_version", {})
+            table.add_row(
+                str(ep.get("episode", "")), str(ep.get("env", "")), str(ep.get("turn", 0)),
+                str(version - int(ep.get("started_version", 0))),
+                " ".join(f"v{k}:{v}" for k, v in sorted(by_version.items(), key=lambda kv:
+                                                         int(kv[0]))) or "-",
+                str(ep.get("tool_calls", 0)), str(ep.get("phase", "")),
+                f"{ep.get('age_s', 0.0):.1f}s",
+            )  # fmt: skip
+        if len(live) > limit:
+            table.caption = f"... and {len(live) - limit} more"
+        parts.append(table)
+    return RichGroup(*parts)
+
+
+def plain_line(status: Mapping[str, Any]) -> str:
+    """One line per step for logs and non-terminals."""
+    t = status.get("time", {})
+    return (
+        f"step {status.get('step', 0)}/{status.get('steps', '?')}  "
+        f"reward {_fmt(status.get('reward_mean'))}  success "
+        f"{_fmt(status.get('success_rate'), '.0%')}  tool use "
+        f"{_fmt(status.get('tool_use_rate'), '.0%')}  "
+        f"{_fmt(status.get('tokens_per_s'), ',.0f')} tok/s  staleness "
+        f"{_fmt(status.get('staleness_mean'), '.2f')}  queue {status.get('queue_depth', 0)}  "
+        f"in flight {status.get('in_flight', 0)}  errors "
+        f"{sum(status.get('errors', {}).values())}  gen/train "
+        f"{t.get('generation_s', 0.0):.0f}s/{t.get('training_s', 0.0):.0f}s"
+    )
+
+
+def top(run_dir: Path, *, once: bool = False, interval_s: float = 0.5) -> int:
+    """``agentrl top RUN_DIR``: a live view of a run, from any terminal."""
+    from rich.console import Console
+    from rich.live import Live
+
+    run_dir = Path(run_dir)
+    console = Console()
+    status = read_status(run_dir)
+    if status is None:
+        if not (run_dir / "episodes.db").exists():
+            raise ConfigError(f"{run_dir} is not a run directory (no status.json, no episodes.db)")
+        raise ConfigError(f"{run_dir} has no status.json: it was not written by `agentrl train`")
+
+    def view(current: dict[str, Any]) -> Any:
+        from rich.console import Group as RichGroup
+
+        parts = [render(current)]
+        alive = pid_alive(current.get("pid"))
+        if current.get("state") not in ("finished", "failed", "interrupted") and not alive:
+            age = time.time() - float(current.get("updated_at", 0))
+            parts.append(f"[yellow]the run's process is gone (last update {age:.0f} s ago); "
+                         f"`agentrl train --resume {run_dir}` continues it[/]")  # fmt: skip
+        elif current.get("state") in ("finished", "failed", "interrupted"):
+            parts.append(_store_summary(run_dir))
+        return RichGroup(*parts)
+
+    if once or not console.is_terminal:
+        console.print(view(status))
+        return 0
+    with Live(view(status), console=console, refresh_per_second=4) as live:
+        try:
+            while True:
+                time.sleep(interval_s)
+                status = read_status(run_dir) or status
+                live.update(view(status))
+                if status.get("state") in ("finished", "failed", "interrupted") or not pid_alive(
+                    status.get("pid")
+                ):
+                    break
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+def _store_summary(run_dir: Path) -> str:
+    from agentrl.store import EpisodeStore
+
+    try:
+        with EpisodeStore.open(run_dir, create=False) as store:
+            stats = store.stats()
+    except Exception as e:  # a summary is a courtesy; never fail the view for it
+        return f"(episode store unreadable: {e})"
+    episodes = ", ".join(f"{k} {v}" for k, v in sorted(stats.get("episodes", {}).items()))
+    tasks = ", ".join(f"{k} {v}" for k, v in sorted(stats.get("tasks", {}).items()))
+    return f"store: episodes {episodes or 'none'}; tasks {tasks or 'none'}"

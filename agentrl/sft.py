@@ -1,0 +1,189 @@
+"""Warm-start a model on demonstrations with TRL's ``SFTTrainer`` before RL.
+
+A demonstration is a whole episode as chat messages: the env's system prompt and first
+observation, then assistant turns (text, tool calls written as the model would write
+them), tool results and env replies. :func:`demonstration_example` tokenizes it
+exactly as the rollout engine will see it in RL (the same :class:`Conversation`, the
+same tool schemas and template deltas), and marks only the assistant's tokens for the
+loss. :func:`warm_start` trains on such examples and saves a model folder that vLLM and
+the trainer load.
+
+In: a model path, demonstrations. Out: the path of the fine-tuned model folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from agentrl.chat.conversation import Conversation
+from agentrl.errors import ConfigError
+from agentrl.types import Message
+
+logger = logging.getLogger(__name__)
+
+
+def demonstration_example(
+    tokenizer: Any, messages: Sequence[Message], tools: list[dict[str, Any]] | None = None
+) -> dict[str, list[int]]:
+    """Token ids and assistant mask of one demonstrated episode.
+
+    Args:
+        tokenizer: the model's tokenizer (with its chat template).
+        messages: system (optional), the first user message, then alternating assistant
+            turns and user/tool replies. Assistant content is the raw text the model
+            should produce, tool calls included.
+        tools: the tool schemas the env declares (``ToolSet(env.tools).schemas``).
+
+    Returns:
+        ``{"input_ids": [...], "assistant_masks": [...]}`` (1 on assistant tokens and
+        their end-of-turn token), the pre-tokenized format ``SFTTrainer`` accepts.
+    """
+    first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), None)
+    if first is None:
+        raise ValueError("a demonstration needs at least one assistant turn")
+    conversation = Conversation(tokenizer, list(messages[:first]), tools=tools)
+    end_of_turn = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    if not isinstance(end_of_turn, int) or end_of_turn < 0:
+        end_of_turn = tokenizer.eos_token_id
+    i = first
+    while i < len(messages):
+        message = messages[i]
+        if message["role"] == "assistant":
+            text = str(message.get("content") or "")
+            ids = [*tokenizer.encode(text, add_special_tokens=False), end_of_turn]
+            conversation.add_sampled(ids, [0.0] * len(ids), [0] * len(ids))
+            conversation.end_assistant_turn(text, "stop")
+            i += 1
+        else:
+            j = i
+            while j < len(messages) and messages[j]["role"] != "assistant":
+                j += 1
+            kind = "tool" if message["role"] == "tool" else "env"
+            if not conversation.add_messages(list(messages[i:j]), kind):  # type: ignore[arg-type]
+                raise ValueError("the demonstration does not fit the model's context")
+            i = j
+    if conversation.segments_started:
+        raise ValueError(
+            "the chat template rewrites earlier turns; demonstrations need a "
+            "prefix-preserving template"
+        )
+    segment = conversation.current
+    return {"input_ids": list(segment.token_ids), "assistant_masks": list(segment.loss_mask)}
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTSettings:
+    """One SFT stage (``SFTConfig`` fields that matter for a warm start)."""
+
+    steps: int = 500
+    batch_size: int = 64
+    lr: float = 1e-3
+    warmup_ratio: float = 0.05
+    scheduler: str = "cosine"
+    weight_decay: float = 0.0
+    seed: int = 0
+    threads: int | None = None
+    """torch threads (default: all cores)."""
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"sft.{name} must be at least 1, got {getattr(self, name)}")
+        if not self.lr > 0:
+            raise ConfigError(f"sft.lr must be positive, got {self.lr}")
+
+
+def warm_start(
+    model_path: str | Path,
+    stages: Sequence[tuple[SFTSettings, Iterable[dict[str, list[int]]]]],
+    out_dir: str | Path,
+    *,
+    on_log: Callable[[str], None] | None = None,
+) -> Path:
+    """Fine-tune ``model_path`` on pre-tokenized examples, stage after stage.
+
+    Each stage is one ``SFTTrainer`` run (its own learning-rate schedule) starting from
+    the previous stage's weights. The result is written to ``out_dir`` (tokenizer
+    included) atomically: a folder that holds ``config.json`` is complete.
+    """
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import SFTConfig, SFTTrainer
+
+    out = Path(out_dir)
+    if (out / "config.json").is_file():
+        raise ConfigError(f"{out} already holds a model; remove it or choose another folder")
+    staging = out.with_name(f".{out.name}.partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+    model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32)
+    say = on_log or (lambda line: logger.info("%s", line))
+    threads = torch.get_num_threads()
+
+    class Progress(TrainerCallback):
+        def __init__(self, stage: int, total: int) -> None:
+            self.stage, self.total, self.started = stage, total, time.perf_counter()
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "loss" in logs:
+                rate = state.global_step / max(time.perf_counter() - self.started, 1e-9)
+                eta = (self.total - state.global_step) / max(rate, 1e-9)
+                say(f"sft stage {self.stage}: step {state.global_step}/{self.total}  "
+                    f"loss {logs['loss']:.4f}  {rate:.1f} steps/s  eta {eta:.0f} s")  # fmt: skip
+
+    try:
+        for number, (settings, examples) in enumerate(stages, 1):
+            rows = list(examples)
+            if not rows:
+                raise ConfigError(f"sft stage {number} has no examples")
+            if settings.threads:
+                torch.set_num_threads(settings.threads)
+            config = SFTConfig(
+                output_dir=str(staging / f"stage{number}"),
+                max_steps=settings.steps,
+                per_device_train_batch_size=settings.batch_size,
+                learning_rate=settings.lr,
+                lr_scheduler_type=settings.scheduler,
+                warmup_steps=math.ceil(settings.warmup_ratio * settings.steps),
+                weight_decay=settings.weight_decay,
+                seed=settings.seed,
+                logging_steps=max(1, settings.steps // 10),
+                save_strategy="no",
+                report_to=[],
+                use_cpu=not torch.cuda.is_available(),
+                bf16=False,
+                dataloader_num_workers=0,
+                disable_tqdm=True,
+                max_length=None,
+            )
+            trainer = SFTTrainer(
+                model=model,
+                args=config,
+                train_dataset=Dataset.from_list(rows),
+                processing_class=tokenizer,
+                callbacks=[Progress(number, settings.steps)],
+            )
+            trainer.train()
+            model = trainer.model
+        torch.set_num_threads(threads)
+        model.save_pretrained(staging / "model")
+        tokenizer.save_pretrained(staging / "model")
+        for name in ("generation_config.json",):
+            source = Path(model_path) / name
+            if source.is_file() and not (staging / "model" / name).exists():
+                shutil.copy(source, staging / "model" / name)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(out, ignore_errors=True)
+        os.replace(staging / "model", out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out

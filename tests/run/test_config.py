@@ -1,0 +1,135 @@
+"""The run config: TOML in, overrides, one clear error per bad field, nothing created."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from agentrl.config import RunConfig
+from agentrl.errors import ConfigError
+
+EXAMPLES = Path(__file__).parents[2] / "examples"
+AGENTRL = str(Path(sys.executable).parent / "agentrl")
+
+GOOD = """
+[run]
+name = "t"
+[env]
+id = "agentrl/Calculator-v0"
+kwargs = { max_operand = 99 }
+[rollout]
+group_size = 4
+concurrency = 16
+[trainer]
+lr = 1e-4
+[trainer.lora]
+enabled = true
+r = 4
+[train]
+steps = 3
+"""
+
+
+def test_load_overrides_and_round_trip(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(GOOD)
+    config = RunConfig.load(path, ["--train.steps=7", "--trainer.lr=3e-4", "--run.name=other",
+                                   "--log.plots=false", "--env.imports=[]"])  # fmt: skip
+    assert config.train.steps == 7 and config.trainer.lr == 3e-4
+    assert config.run.name == "other" and config.log.plots is False
+    assert config.env.kwargs == {"max_operand": 99} and config.trainer.lora.r == 4
+    assert config.rollout.concurrency == 16 and config.rollout.max_turns == 8  # default kept
+    # the resolved TOML reads back to the same config, every key written out
+    again = RunConfig.from_dict(tomllib.loads(config.to_toml()))
+    assert again == config
+    config.check()
+    assert config.trainer_config().lora is not None and config.trainer_config().lora.r == 4
+    assert config.scheduler_config().batch_size == 4 * config.train.groups_per_step
+
+
+@pytest.mark.parametrize(
+    ("override", "names"),
+    [
+        ("--rollout.grup_size=3", ["rollout.grup_size", "group_size"]),
+        ('--trainer.loss="ppo"', ["trainer.loss", "'ppo'", "grpo", "dapo"]),
+        ("--train.steps=0", ["train.steps", "0", "at least 1"]),
+        ("--train.steps=2.5", ["train.steps", "2.5", "integer"]),
+        ("--trainer.lr=-1.0", ["trainer.lr", "-1.0", "> 0"]),
+        ('--train.mode="fast"', ["train.mode", "'fast'", "async", "sync"]),
+        ("--rollout.concurrency=2", ["concurrency", "group_size"]),
+        ("--rollout.max_tokens_per_turn=4096", ["max_tokens_per_turn", "max_model_len"]),
+        ('--env.id="agentrl/Nope-v0"', ["env.id", "Nope", "env.imports"]),
+        ("--env.kwargs={colour=1}", ["env.kwargs", "colour"]),
+        ('--model.path="/no/such/model"', ["/no/such/model", "does not exist"]),
+        ("--log.tensorboard=1", ["log.tensorboard", "true or false"]),
+        ('--inference.mode="cloud"', ["inference.mode", "engine", "server"]),
+        ("--eval.episodes=-3", ["eval.episodes", "-3", ">= 0"]),
+        ("--trainer.lora=5", ["trainer.lora", "table"]),
+        ('--env.imports=["no_such_module_x"]', ["env.imports", "no_such_module_x"]),
+    ],
+)
+def test_each_bad_field_names_key_value_and_what_is_allowed(
+    tmp_path: Path, override: str, names: list[str]
+) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(GOOD)
+    with pytest.raises(ConfigError) as info:
+        RunConfig.load(path, [override]).check()
+    message = str(info.value)
+    for name in names:
+        assert name in message, (name, message)
+
+
+def test_bad_toml_and_missing_file(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[run\nname = 1")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        RunConfig.load(bad)
+    with pytest.raises(ConfigError, match="does not exist"):
+        RunConfig.load(tmp_path / "missing.toml")
+    with pytest.raises(ConfigError, match=r"--section\.key=value"):
+        RunConfig.load(None, ["train.steps"])
+
+
+def test_cli_bad_config_prints_one_error_and_creates_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    path = tmp_path / "c.toml"
+    path.write_text(GOOD + '\n[log]\nprogress = "plain"\n')
+    proc = subprocess.run([AGENTRL, "train", str(path), f'--run.out="{out}"',
+                           "--trainer.loss=\"ppo\""], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert proc.returncode == 1
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert lines == [
+        "agentrl: error: trainer.loss = 'ppo' is not allowed; use one of: grpo, dapo, "
+        "dr_grpo, cispo, bnpo"
+    ], proc.stderr
+    assert proc.stdout == ""
+    assert not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.toml"]
+
+
+def test_cli_refuses_a_used_run_dir_and_a_resume_of_nothing(tmp_path: Path) -> None:
+    used = tmp_path / "used"
+    used.mkdir()
+    (used / "keep.txt").write_text("mine")
+    path = tmp_path / "c.toml"
+    path.write_text(GOOD)
+    proc = subprocess.run([AGENTRL, "train", str(path), f'--run.out="{used}"'],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 1 and "--resume" in proc.stderr
+    assert sorted(p.name for p in used.iterdir()) == ["keep.txt"]
+    proc = subprocess.run([AGENTRL, "train", "--resume", str(used)], capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 1 and "no `agentrl train` run to resume" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "path", sorted(EXAMPLES.glob("*/config.toml")), ids=lambda p: p.parent.name
+)
+def test_example_configs_are_valid(path: Path) -> None:
+    RunConfig.load(path).check()
