@@ -15,7 +15,7 @@ QUIET_PIP := { grep -v "WARNING: Location '" || true; }
 .PHONY: help install demo test lint clean
 
 help:
-	@echo "make demo     install, then build the tiny model and generate with real vLLM"
+	@echo "make demo     install, then teach a tiny model to use a calculator: SFT warm start + async RL"
 	@echo "make test     install, then run the whole test suite (real vLLM on CPU)"
 	@echo "make lint     ruff"
 	@echo "make install  create $(VENV) with pinned versions (idempotent)"
@@ -32,8 +32,9 @@ $(STAMP): pyproject.toml
 	$(PY) -c "import vllm, torch, transformers, trl, peft, gymnasium, aiohttp; print('installed: torch', torch.__version__, '| vllm', vllm.__version__, '| transformers', transformers.__version__, '| trl', trl.__version__)"
 	@touch $(STAMP)
 
+# Runs for about 10 minutes on 2 CPU cores; the run directory is printed at the end.
 demo: install
-	$(VENV)/bin/agentrl demo
+	$(PY) examples/calculator_agent/run.py
 
 test: install
 	$(PY) -m pytest -q -ra --durations=10

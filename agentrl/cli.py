@@ -148,11 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     if not args.verbose:
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-        # vLLM then installs its own handler at that level, also in its engine process
-        # (unconfigured, its warnings would reach stderr through Python's last resort).
-        os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "1")
-        logging.getLogger("vllm").setLevel(logging.ERROR)
+        quiet_vllm()
     try:
         if args.command == "build-model":
             from agentrl.models.tiny import build_tiny_model
@@ -183,6 +179,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"agentrl: error: {e}", file=sys.stderr)
         return 1
     return 0
+
+
+def quiet_vllm() -> None:
+    """Show only vLLM's errors (call before vLLM is imported)."""
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    # vLLM then installs its own handler at that level, also in its engine process
+    # (unconfigured, its warnings would reach stderr through Python's last resort).
+    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "1")
+    logging.getLogger("vllm").setLevel(logging.ERROR)
 
 
 def _train(config: str | None, overrides: list[str], resume: str | None) -> int:

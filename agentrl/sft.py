@@ -114,10 +114,14 @@ def warm_start(
     the previous stage's weights. The result is written to ``out_dir`` (tokenizer
     included) atomically: a folder that holds ``config.json`` is complete.
     """
+    import datasets
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers.trainer_callback import PrinterCallback
     from trl import SFTConfig, SFTTrainer
+
+    datasets.disable_progress_bars()
 
     out = Path(out_dir)
     if (out / "config.json").is_file():
@@ -172,6 +176,7 @@ def warm_start(
                 processing_class=tokenizer,
                 callbacks=[Progress(number, settings.steps)],
             )
+            trainer.remove_callback(PrinterCallback)  # Progress prints one line per log
             trainer.train()
             model = trainer.model
         torch.set_num_threads(threads)
