@@ -12,11 +12,12 @@ STAMP := $(VENV)/.agentrl-installed
 # The braces keep pip's exit status (pipefail) while grep may print nothing.
 QUIET_PIP := { grep -v "WARNING: Location '" || true; }
 
-.PHONY: help install demo test lint clean
+.PHONY: help install demo test bench lint clean
 
 help:
 	@echo "make demo     install, then teach a tiny model to use a calculator: SFT warm start + async RL"
 	@echo "make test     install, then run the whole test suite (real vLLM on CPU)"
+	@echo "make bench    install, then run the benchmarks (about 10 minutes on 2 cores)"
 	@echo "make lint     ruff"
 	@echo "make install  create $(VENV) with pinned versions (idempotent)"
 
@@ -38,6 +39,9 @@ demo: install
 
 test: install
 	$(PY) -m pytest -q -ra --durations=10
+
+bench: install
+	$(PY) benchmarks/run_all.py
 
 lint: install
 	$(VENV)/bin/ruff check agentrl envs tools tests benchmarks examples

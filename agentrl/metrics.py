@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import gc
 import time
 from typing import Any
 
@@ -88,3 +89,17 @@ class LoopLagMonitor:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+
+def tune_gc() -> None:
+    """Call once everything is loaded: freeze startup's objects, collect less often.
+
+    vLLM, torch and transformers leave millions of long-lived objects; every full
+    collection walks them all. Measured in ``benchmarks/bench_concurrency.py`` (tiny
+    model, 1024 episodes, 2 cores): full collections of 0.8-1.0 s each, 8 s in all,
+    and an event-loop lag p99 of over a second; after this, tokens/s rose by about a
+    third at 64 episodes and the lag p99 fell from 81 ms to about 20 ms.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 50, 100)

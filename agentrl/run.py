@@ -34,7 +34,7 @@ from typing import Any
 
 from agentrl.config import RunConfig, import_all
 from agentrl.errors import ConfigError
-from agentrl.metrics import LoopLagMonitor, Metrics
+from agentrl.metrics import LoopLagMonitor, Metrics, tune_gc
 from agentrl.monitor import MetricsLog, plain_line, render, write_status
 from agentrl.trace import EVAL, Tracer
 
@@ -51,6 +51,10 @@ class TrainResult:
     eval_before: dict[str, Any] | None = None
     eval_after: dict[str, Any] | None = None
     last: dict[str, Any] = dataclasses.field(default_factory=dict)
+    loop_s: float = 0.0
+    """Wall time of the training loop alone (no startup, no evaluation)."""
+    busy: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Seconds during the loop with generation running, training, publishing."""
 
 
 def prepare(config_path: str | Path | None, overrides: list[str], *, resume: str | None = None
@@ -360,6 +364,7 @@ async def _train(run: _Run, model_path: str, store: Any, tracer: Tracer, log: Me
                          checkpoint_dir=run.run_dir / "checkpoints", on_step=on_step,
                          tracer=tracer)  # fmt: skip
         run.components.update(runner=runner, queue=queue, loop=loop)
+        tune_gc()
         if run.resume:
             step = await loop.restore()
             scheduler.started = trainer.version * batch
@@ -383,7 +388,10 @@ async def _train(run: _Run, model_path: str, store: Any, tracer: Tracer, log: Me
                 tasks = (t for t in tasks_for(cfg.env.id, None, first_seed=cfg.env.first_seed,
                                               **cfg.env.kwargs)
                          if states.get(t.task_id, "pending") == "pending")  # fmt: skip
+                gen0, t_loop = run.generation_s, time.perf_counter()
                 await loop.run(tasks)
+                result.loop_s = time.perf_counter() - t_loop
+                result.busy = {"generation_s": run.generation_s - gen0, **loop.busy}
                 if trainer.step and (not every or trainer.step % every):
                     await asyncio.to_thread(save_checkpoint, trainer, run.run_dir / "checkpoints")
                 await asyncio.to_thread(_save_model, trainer, run.run_dir / "model")

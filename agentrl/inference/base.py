@@ -36,6 +36,8 @@ class SamplingConfig:
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     """Extra token ids that end the turn (the model's EOS always does)."""
+    ignore_eos: bool = False
+    """Sample exactly max_tokens (benchmarks: fixed output lengths)."""
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:

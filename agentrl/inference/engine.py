@@ -158,6 +158,7 @@ class VLLMEngineClient:
             top_k=sampling.top_k if sampling.top_k > 0 else 0,
             seed=sampling.seed,
             stop_token_ids=list(sampling.stop_token_ids),
+            ignore_eos=sampling.ignore_eos,
             logprobs=0,
             detokenize=False,
             output_kind=RequestOutputKind.DELTA,

@@ -292,6 +292,7 @@ class VLLMServerClient:
             "top_k": sampling.top_k if sampling.top_k > 0 else 0,
             "seed": sampling.seed,
             "stop_token_ids": list(sampling.stop_token_ids),
+            "ignore_eos": sampling.ignore_eos,
             "logprobs": 0,
             "stream": True,
             "return_token_ids": True,

@@ -73,7 +73,7 @@ async def run_rollout(job: RolloutJob, *, resume: bool = False) -> dict[str, Any
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from agentrl.inference import InferenceConfig, VLLMEngineClient, VLLMServer, VLLMServerClient
-    from agentrl.metrics import LoopLagMonitor
+    from agentrl.metrics import LoopLagMonitor, tune_gc
     from agentrl.queue import TrajectoryQueue
     from agentrl.rollout import EpisodeRunner, RolloutConfig, Scheduler, SchedulerConfig, tasks_for
     from agentrl.store import StoreWriter
@@ -105,6 +105,7 @@ async def run_rollout(job: RolloutJob, *, resume: bool = False) -> dict[str, Any
         async with StoreWriter(store) as writer:
             runner = EpisodeRunner(client, tokenizer, rollout, checkpoint=writer.partial)
             queue = TrajectoryQueue(max(groups, 1))
+            tune_gc()
             done = {"episodes": already}
             with Progress(
                 TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),

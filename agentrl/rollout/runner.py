@@ -28,7 +28,9 @@ every turn boundary the episode is offered to ``checkpoint`` as a
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
+import functools
 import itertools
 import time
 from collections.abc import Callable, Sequence
@@ -59,6 +61,8 @@ class RolloutConfig:
     tool_timeout_s: float = 10.0
     env_timeout_s: float = 60.0
     """Deadline for one env reset or step; past it the episode fails."""
+    ignore_eos: bool = False
+    """Every turn samples exactly max_tokens_per_turn (benchmarks)."""
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_tokens_per_turn"):
@@ -66,7 +70,8 @@ class RolloutConfig:
                 raise ValueError(f"RolloutConfig.{name} must be >= 1, got {getattr(self, name)}")
 
     def sampling(self, max_tokens: int) -> SamplingConfig:
-        return SamplingConfig(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p)
+        return SamplingConfig(max_tokens=max_tokens, temperature=self.temperature,
+                              top_p=self.top_p, ignore_eos=self.ignore_eos)  # fmt: skip
 
 
 @dataclasses.dataclass(slots=True)
@@ -175,6 +180,15 @@ class EpisodeRunner:
         self.parked: dict[str, _Episode] = {}
         """Episodes held at the admission gate (paused), by episode id."""
         self._parked_changed = asyncio.Condition()
+        # Chat-template rendering and tokenization (a few ms each) run in one worker
+        # thread: on the loop, a vLLM batch finishing hundreds of turns at once would
+        # stall it for a second. One thread: the tokenizer is not safe to share.
+        self._render_pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="render"
+        )
+
+    async def _render(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._render_pool, fn, *args)
 
     async def run(self, task: Task, episode_id: str, attempt: int = 0) -> list[Trajectory]:
         """Run one episode; return its trajectory (several if the template re-segmented).
@@ -277,7 +291,8 @@ class EpisodeRunner:
                     tool_messages = [
                         {"role": "tool", "name": r.name, "content": r.content} for r in results
                     ]
-                    if not conversation.add_messages(tool_messages, "tool", max_len):
+                    if not await self._render(conversation.add_messages, tool_messages, "tool",
+                                              max_len):  # fmt: skip
                         status, reason = "truncated", "context window full"
                         break
                     self._checkpoint(ep, t_start)
@@ -295,7 +310,8 @@ class EpisodeRunner:
                         info.get("reason", "env terminated" if terminated else "env truncated")
                     )
                     break
-                if not conversation.add_messages(as_messages(obs), "env", max_len):
+                if not await self._render(conversation.add_messages, as_messages(obs), "env",
+                                          max_len):  # fmt: skip
                     status, reason = "truncated", "context window full"
                     break
                 self._checkpoint(ep, t_start)
@@ -334,7 +350,10 @@ class EpisodeRunner:
         ep.env_log.append({"obs": messages})
         if ep.handle.system_prompt and (not messages or messages[0]["role"] != "system"):
             messages = [{"role": "system", "content": ep.handle.system_prompt}, *messages]
-        ep.conversation = Conversation(self.tokenizer, messages, tools=ep.toolset.schemas or None)
+        tools = ep.toolset.schemas or None
+        ep.conversation = await self._render(
+            functools.partial(Conversation, self.tokenizer, messages, tools=tools)
+        )
 
     async def _restore(self, ep: _Episode, p: PartialEpisode) -> None:
         task = ep.task

@@ -1,0 +1,163 @@
+"""Concurrency sweep, and memory: 1 to 1024 concurrent multi-turn episodes.
+
+    python benchmarks/bench_concurrency.py [--levels 1,16,64,256,1024]
+
+Each level runs ``max(level, 64)`` episodes of ``bench/Echo-v0`` (3 turns of 16
+sampled tokens; every env step waits 50 ms without using the CPU, as a tool call to a
+service would) with ``level`` of them at once, through the scheduler, runner and
+episode store. Reported: sampled tokens/s, episode latency p50/p99, event-loop lag p99
+(how late the loop woke up; target under 50 ms at 1024), peak RSS of this process
+(the rollout process; vLLM's engine core is its own process), and the bytes per token
+in the store and in the trajectory queue.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import resource
+import sys
+import tempfile
+import time
+import tracemalloc
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import save, table
+
+STEP_S = 0.05
+
+
+def rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+async def level_run(client, tokenizer, level: int, episodes: int, turns: int, tokens: int,
+                    store_dir: Path) -> dict:  # fmt: skip
+    import numpy as np
+
+    from agentrl.metrics import LoopLagMonitor, Metrics
+    from agentrl.queue import TrajectoryQueue
+    from agentrl.rollout import EpisodeRunner, RolloutConfig, Scheduler, SchedulerConfig, tasks_for
+    from agentrl.store import EpisodeStore, StoreWriter
+
+    store_dir.mkdir(parents=True)
+    store = EpisodeStore.open(store_dir)
+    metrics = Metrics()
+    rollout = RolloutConfig(max_turns=turns, max_tokens_per_turn=tokens, ignore_eos=True)
+    queue = TrajectoryQueue(episodes + 1)
+    async with StoreWriter(store) as writer:
+        runner = EpisodeRunner(client, tokenizer, rollout, metrics=metrics,
+                               checkpoint=writer.partial)  # fmt: skip
+        scheduler = Scheduler(runner, queue, SchedulerConfig(concurrency=level, group_size=1),
+                              writer=writer)  # fmt: skip
+        tasks = list(tasks_for("bench/Echo-v0", episodes, turns=turns, step_s=STEP_S))
+        async with LoopLagMonitor(metrics):
+            t0 = time.perf_counter()
+            await scheduler.run(tasks)
+            wall = time.perf_counter() - t0
+        await writer.flush()
+    trajectories = [t for g in queue._groups for t in g.trajectories]
+    sampled = sum(int(t.loss_mask.sum()) for t in trajectories)
+    latency = np.array([t.timings.total_s for t in trajectories])
+    stats = store.stats()
+    store.close()
+    db_bytes = sum(p.stat().st_size for p in store_dir.iterdir() if p.is_file())
+    tokens_total = sum(len(t.token_ids) for t in trajectories)
+    # in-memory size of the queued trajectories, per token (arrays + Python objects)
+    tracemalloc.start()
+    before = tracemalloc.take_snapshot()
+    copies = [_copy(t) for t in trajectories]
+    after = tracemalloc.take_snapshot()
+    tracemalloc.stop()
+    queue_bytes = sum(s.size_diff for s in after.compare_to(before, "filename"))
+    del copies
+    return {
+        "concurrency": level, "episodes": episodes, "wall_s": wall,
+        "tokens_per_s": sampled / wall,
+        "latency_p50_s": float(np.percentile(latency, 50)),
+        "latency_p99_s": float(np.percentile(latency, 99)),
+        "loop_lag_p99_ms": metrics.percentile("loop_lag_s", 99) * 1000,
+        "peak_rss_mib": rss_mib(),
+        "store_array_bytes_per_token": stats["array_bytes"] / max(stats["tokens"], 1),
+        "store_file_bytes_per_token": db_bytes / max(tokens_total, 1),
+        "queue_bytes_per_token": queue_bytes / max(tokens_total, 1),
+        "tokens_stored": tokens_total,
+    }  # fmt: skip
+
+
+def _copy(t):
+    import copy
+
+    return copy.deepcopy(t)
+
+
+async def main_async(args: argparse.Namespace) -> list[dict]:
+    from transformers import AutoTokenizer
+
+    from agentrl.inference import InferenceConfig, VLLMEngineClient
+    from agentrl.metrics import tune_gc
+    from agentrl.models import resolve_model
+
+    path = resolve_model(args.model)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    config = InferenceConfig(model=path, max_model_len=512, max_num_seqs=256,
+                             kv_cache_memory_bytes=512 * 2**20)  # fmt: skip
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        async with await VLLMEngineClient.start(config) as client:
+            tune_gc()  # as agentrl train and agentrl rollout do once started
+            await level_run(client, tokenizer, 8, 8, 2, 8, Path(tmp) / "warm")
+            for level in args.levels:
+                episodes = max(level, args.min_episodes)
+                row = await level_run(client, tokenizer, level, episodes, args.turns,
+                                      args.tokens, Path(tmp) / f"c{level}")  # fmt: skip
+                rows.append(row)
+                print(f"  {level:5d} at once: {row['tokens_per_s']:,.0f} tok/s, latency p50 "
+                      f"{row['latency_p50_s']:.2f} s p99 {row['latency_p99_s']:.2f} s, loop lag "
+                      f"p99 {row['loop_lag_p99_ms']:.1f} ms, peak RSS "
+                      f"{row['peak_rss_mib']:.0f} MiB", flush=True)  # fmt: skip
+    return rows
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--levels", default="1,16,64,256,1024")
+    parser.add_argument("--min-episodes", type=int, default=64)
+    parser.add_argument("--turns", type=int, default=3)
+    parser.add_argument("--tokens", type=int, default=16)
+    args = parser.parse_args(argv)
+    args.levels = [int(x) for x in str(args.levels).split(",")]
+    print(f"concurrency sweep: levels {args.levels}, {args.turns} turns x {args.tokens} tokens, "
+          f"env step {STEP_S * 1000:.0f} ms", flush=True)  # fmt: skip
+    rows = asyncio.run(main_async(args))
+    md = "### Concurrency sweep (env step waits 50 ms)\n\n" + table(
+        ["episodes at once", "tokens/s", "latency p50 (s)", "latency p99 (s)",
+         "loop lag p99 (ms)", "peak RSS (MiB)"],
+        [[r["concurrency"], r["tokens_per_s"], r["latency_p50_s"], r["latency_p99_s"],
+          r["loop_lag_p99_ms"], r["peak_rss_mib"]] for r in rows],
+    )  # fmt: skip
+    top = rows[-1]
+    md += (f"\n\nTarget: loop lag p99 < 50 ms at {top['concurrency']}: "
+           f"{'met' if top['loop_lag_p99_ms'] < 50 else 'NOT met'} "
+           f"({top['loop_lag_p99_ms']:.1f} ms).")  # fmt: skip
+    md += "\n\n### Memory\n\n" + table(
+        ["where", "bytes per token"],
+        [["store: token arrays", top["store_array_bytes_per_token"]],
+         ["store: whole SQLite file (messages, checkpoints, indexes)",
+          top["store_file_bytes_per_token"]],
+         ["queue: a trajectory in memory (arrays + Python objects)",
+          top["queue_bytes_per_token"]]],
+    )  # fmt: skip
+    md += (f"\n\nPeak RSS of the rollout process with {top['concurrency']} episodes at once: "
+           f"{top['peak_rss_mib']:.0f} MiB.")  # fmt: skip
+    print(md, flush=True)
+    result = {"levels": rows}
+    save("concurrency", vars(args), result, md)
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,155 @@
+"""Platform overhead against raw vLLM: the same token workload both ways.
+
+    python benchmarks/bench_overhead.py [--episodes 64] [--turns 3] [--tokens 32]
+
+Raw: ``AsyncLLM.generate`` directly (the engine's own object), E concurrent
+"episodes", each T turns of exactly L sampled tokens (``ignore_eos``); after each turn
+the same reply tokens the platform would append are appended, and the next turn is
+generated from the grown prefix.
+
+Platform: the full episode loop on the same engine: Scheduler, EpisodeRunner (chat
+template, tool-call parsing, env step in the loop, token provenance), a zero-cost
+env (``bench/Echo-v0``), and the episode store writer (a checkpoint per turn, every
+trajectory written).
+
+The two alternate ``--rounds`` times after a warm-up; the table gives the median
+tokens/s of each and the ratio (target: at least 0.90).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import save, table
+
+
+async def raw_round(client, prompts: list[list[int]], reply: list[int], turns: int,
+                    tokens: int) -> tuple[int, float]:  # fmt: skip
+    from vllm import SamplingParams
+    from vllm.inputs.engine import tokens_input
+    from vllm.sampling_params import RequestOutputKind
+
+    engine = client._engine
+    params = SamplingParams(n=1, max_tokens=tokens, temperature=1.0, ignore_eos=True, logprobs=0,
+                            detokenize=False, output_kind=RequestOutputKind.DELTA)  # fmt: skip
+    sampled = 0
+
+    async def episode(i: int, prompt: list[int]) -> None:
+        nonlocal sampled
+        ids = list(prompt)
+        for turn in range(turns):
+            new: list[int] = []
+            async for out in engine.generate(
+                tokens_input(ids), params, f"raw-{i}-{turn}-{time.monotonic_ns()}"
+            ):
+                new.extend(out.outputs[0].token_ids)
+            sampled += len(new)
+            ids += new
+            if turn < turns - 1:
+                ids += reply
+
+    t0 = time.perf_counter()
+    async with asyncio.TaskGroup() as tg:
+        for i, prompt in enumerate(prompts):
+            tg.create_task(episode(i, prompt))
+    return sampled, time.perf_counter() - t0
+
+
+async def platform_round(client, tokenizer, episodes: int, turns: int, tokens: int, seed: int,
+                         store_dir: Path) -> tuple[int, float]:  # fmt: skip
+    from agentrl.queue import TrajectoryQueue
+    from agentrl.rollout import EpisodeRunner, RolloutConfig, Scheduler, SchedulerConfig, tasks_for
+    from agentrl.store import EpisodeStore, StoreWriter
+
+    store_dir.mkdir(parents=True, exist_ok=True)
+    store = EpisodeStore.open(store_dir)
+    rollout = RolloutConfig(max_turns=turns, max_tokens_per_turn=tokens, ignore_eos=True)
+    async with StoreWriter(store) as writer:
+        runner = EpisodeRunner(client, tokenizer, rollout, checkpoint=writer.partial)
+        queue = TrajectoryQueue(episodes + 1)
+        scheduler = Scheduler(runner, queue, SchedulerConfig(concurrency=episodes, group_size=1),
+                              writer=writer)  # fmt: skip
+        tasks = list(tasks_for("bench/Echo-v0", episodes, first_seed=seed, turns=turns))
+        t0 = time.perf_counter()
+        await scheduler.run(tasks)
+        await writer.flush()
+        wall = time.perf_counter() - t0
+    sampled = sum(int(t.loss_mask.sum()) for g in queue._groups for t in g.trajectories)
+    store.close()
+    return sampled, wall
+
+
+async def main_async(args: argparse.Namespace) -> dict:
+    from transformers import AutoTokenizer
+
+    from agentrl.chat import Conversation
+    from agentrl.inference import InferenceConfig, VLLMEngineClient
+    from agentrl.metrics import tune_gc
+    from agentrl.models import resolve_model
+
+    path = resolve_model(args.model)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    # the exact prompt tokens and per-turn reply tokens the platform produces
+    prompts = []
+    for i in range(args.episodes):
+        text = f"Say anything, {args.turns} times (task {i})."
+        conv = Conversation(tokenizer, [{"role": "user", "content": text}])
+        prompts.append(list(conv.token_ids))
+    conv = Conversation(tokenizer, [{"role": "user", "content": "x"}])
+    conv.add_sampled([5, 6, tokenizer.convert_tokens_to_ids("<|im_end|>")], [0.0] * 3, [0] * 3)
+    conv.end_assistant_turn("..", "stop")
+    reply, _ = conv.delta_for([{"role": "user", "content": "ok"}])
+    config = InferenceConfig(model=path, max_model_len=1024, max_num_seqs=256)
+    raw, plat = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        async with await VLLMEngineClient.start(config) as client:
+            tune_gc()  # as agentrl train and agentrl rollout do once started
+            await raw_round(client, prompts[:8], reply, args.turns, args.tokens)  # warm-up
+            await platform_round(client, tokenizer, 8, args.turns, args.tokens, 0, Path(tmp) / "w")
+            for r in range(args.rounds):
+                n, wall = await raw_round(client, prompts, reply, args.turns, args.tokens)
+                raw.append(n / wall)
+                n2, wall2 = await platform_round(client, tokenizer, args.episodes, args.turns,
+                                                 args.tokens, 0, Path(tmp) / f"r{r}")  # fmt: skip
+                plat.append(n2 / wall2)
+                assert n == n2 == args.episodes * args.turns * args.tokens, (n, n2)
+                print(f"  round {r + 1}: raw {raw[-1]:,.0f} tok/s, platform {plat[-1]:,.0f} tok/s",
+                      flush=True)  # fmt: skip
+    raw_m, plat_m = statistics.median(raw), statistics.median(plat)
+    return {"raw_tokens_per_s": raw_m, "platform_tokens_per_s": plat_m,
+            "ratio": plat_m / raw_m, "raw_rounds": raw, "platform_rounds": plat,
+            "tokens_per_round": args.episodes * args.turns * args.tokens}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--episodes", type=int, default=64)
+    parser.add_argument("--turns", type=int, default=3)
+    parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args(argv)
+    print(f"platform overhead: {args.episodes} episodes x {args.turns} turns x {args.tokens} "
+          f"tokens, {args.rounds} rounds each way", flush=True)  # fmt: skip
+    result = asyncio.run(main_async(args))
+    md = "### Platform overhead against raw vLLM (same tokens, same concurrency)\n\n" + table(
+        ["path", "tokens/s (median)", "ratio"],
+        [["raw AsyncLLM", result["raw_tokens_per_s"], 1.0],
+         ["agentrl episode loop + store", result["platform_tokens_per_s"], result["ratio"]]],
+    )  # fmt: skip
+    md += f"\n\nTarget: ratio >= 0.90. {'Met' if result['ratio'] >= 0.9 else 'NOT met'}."
+    print(md, flush=True)
+    save("overhead", vars(args), result, md)
+    return result
+
+
+if __name__ == "__main__":
+    main()

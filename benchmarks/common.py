@@ -1,0 +1,122 @@
+"""Shared parts of the benchmarks: machine facts, result files, Markdown tables, envs.
+
+Every benchmark prints a Markdown table and writes ``benchmarks/results/NAME.json``
+with the machine, the package versions and the settings it ran with. Figures that are
+compared are measured side by side in the same process, one after the other, so a
+noisy machine moves both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import platform
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from agentrl.cli import quiet_vllm
+from agentrl.env import AsyncTextEnv, register_env
+
+quiet_vllm()  # only vLLM's errors: the tables are the output
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def machine() -> dict[str, Any]:
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_gib = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                mem_gib = round(int(line.split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    try:
+        git = ["git", "rev-parse", "--short", "HEAD"]
+        here = Path(__file__).parent
+        rev = subprocess.run(git, capture_output=True, text=True, cwd=here, timeout=10).stdout
+        rev = rev.strip()
+    except (OSError, subprocess.SubprocessError):
+        rev = ""
+    versions = {}
+    for name in ("torch", "vllm", "transformers", "trl"):
+        try:
+            versions[name] = __import__(name).__version__
+        except Exception:  # a benchmark that does not need it still runs
+            versions[name] = None
+    gpu = None
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            gpu = torch.cuda.get_device_name(0)
+    except Exception:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": mem_gib, "gpu": gpu,
+            "python": platform.python_version(), "agentrl_commit": rev, **versions}  # fmt: skip
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    def cell(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:,.3g}" if abs(v) < 100 else f"{v:,.0f}"
+        return str(v)
+
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def save(name: str, settings: dict[str, Any], results: Any, markdown: str) -> Path:
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    payload = {"benchmark": name, "when": time.strftime("%Y-%m-%d %H:%M:%S"),
+               "machine": machine(), "settings": settings, "results": results,
+               "markdown": markdown}  # fmt: skip
+    path.write_text(json.dumps(payload, indent=2, default=str))
+    return path
+
+
+class EchoEnv(AsyncTextEnv):
+    """A zero-cost multi-turn env: replies "ok" to every turn, ends after ``turns`` turns.
+
+    ``step_s`` makes each step wait (an awaited sleep, like a tool or a remote env that
+    takes that long without using the CPU).
+    """
+
+    def __init__(self, turns: int = 3, step_s: float = 0.0) -> None:
+        self.turns = turns
+        self.step_s = step_s
+        self._t = 0
+
+    async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        await super().areset(seed=seed)
+        self._t = 0
+        return f"Say anything, {self.turns} times (task {seed}).", {}
+
+    async def astep(self, action: str):
+        if self.step_s:
+            await asyncio.sleep(self.step_s)
+        self._t += 1
+        done = self._t >= self.turns
+        return "ok", float(done), done, False, {}
+
+    def get_state(self) -> dict[str, Any]:
+        return {"t": self._t}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self._t = int(state["t"])
+
+
+register_env("bench/Echo-v0", "benchmarks.common:EchoEnv")
