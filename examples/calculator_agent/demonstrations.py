@@ -54,13 +54,38 @@ def demonstration(env: CalculatorEnv, seed: int, use_tool: bool) -> list[Message
     return messages
 
 
+def problems(seeds: range, **env_kwargs: Any) -> set[tuple[int, str, int]]:
+    """The problems the env poses for these seeds (e.g. the evaluation's)."""
+    env = CalculatorEnv(**env_kwargs)
+    out = set()
+    for seed in seeds:
+        env.reset(seed=seed)
+        a, op, b = env.get_state()["problem"]
+        out.add((int(a), str(op), int(b)))
+    return out
+
+
 def demonstrations(
-    count: int, tool_fraction: float, *, offset: int = 0, **env_kwargs: Any
+    count: int,
+    tool_fraction: float,
+    *,
+    offset: int = 0,
+    exclude: set[tuple[int, str, int]] = frozenset(),  # type: ignore[assignment]
+    **env_kwargs: Any,
 ) -> list[list[Message]]:
-    """``count`` demonstrations, a ``tool_fraction`` of them using the tool."""
+    """``count`` demonstrations, a ``tool_fraction`` of them using the tool.
+
+    Problems in ``exclude`` (the held-out evaluation problems) are skipped.
+    """
     env = CalculatorEnv(**env_kwargs)
     rng = random.Random(offset)
-    return [
-        demonstration(env, SFT_SEED_BASE + offset + i, rng.random() < tool_fraction)
-        for i in range(count)
-    ]
+    out: list[list[Message]] = []
+    seed = SFT_SEED_BASE + offset
+    while len(out) < count:
+        use_tool = rng.random() < tool_fraction
+        demo = demonstration(env, seed, use_tool)
+        seed += 1
+        a, op, b = env.get_state()["problem"]
+        if (int(a), str(op), int(b)) not in exclude:
+            out.append(demo)
+    return out
