@@ -58,8 +58,8 @@ class WarmStart:
         # about step 180 (copy tokens learned) and is near 0.005 by step 350.
         (SFTSettings(steps=350, batch_size=16, lr=2e-3, scheduler="constant_with_warmup"),
          5600, 1.0),
-        # Then the mix that sets how often the model reaches for the tool (30 % of demos).
-        (SFTSettings(steps=250, batch_size=16, lr=1e-3, scheduler="cosine"), 4000, 0.30),
+        # Then the mix that sets how often the model reaches for the tool (40 % of demos).
+        (SFTSettings(steps=250, batch_size=16, lr=1e-3, scheduler="cosine"), 4000, 0.40),
     )  # fmt: skip
     env_kwargs: tuple[tuple[str, object], ...] = (("max_operand", 49), ("ops", "+-"))
 

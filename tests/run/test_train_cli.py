@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from agentrl.config import RunConfig
-from agentrl.monitor import read_metrics, read_status
+from agentrl.monitor import read_metrics, read_status, top
 from agentrl.store import EpisodeStore
 
 AGENTRL = str(Path(sys.executable).parent / "agentrl")
@@ -54,7 +54,13 @@ def _top(run_dir: Path) -> str:
 
 
 @pytest.mark.vllm
-def test_train_cli_run_dir_top_and_resume(tmp_path: Path, model_cache: Path) -> None:
+def test_train_cli_run_dir_top_and_resume(
+    tmp_path: Path,
+    model_cache: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("COLUMNS", "200")  # rich: room for every column of the table
     run_dir = tmp_path / "run"
     config = tmp_path / "digits.toml"
     config.write_text(CONFIG)
@@ -69,8 +75,14 @@ def test_train_cli_run_dir_top_and_resume(tmp_path: Path, model_cache: Path) -> 
         while proc.poll() is None and time.monotonic() < deadline:
             status = read_status(run_dir)
             if status and status["state"] == "training" and status["in_flight"] > 0:
-                live_view = (status, _top(run_dir))
-                break
+                # `agentrl top --once` in this process: a subprocess needs a second to start,
+                # by when these short episodes may have ended
+                capsys.readouterr()
+                assert top(run_dir, once=True) == 0
+                view = capsys.readouterr().out
+                if "in-flight episodes (0)" not in view:
+                    live_view = view
+                    break
             time.sleep(0.2)
         assert proc.wait(timeout=600) == 0, (tmp_path / "train.log").read_text()[-3000:]
     finally:
@@ -81,10 +93,11 @@ def test_train_cli_run_dir_top_and_resume(tmp_path: Path, model_cache: Path) -> 
 
     # `agentrl top` against the live run listed its in-flight episodes
     assert live_view is not None, "never saw the run training with episodes in flight"
-    status, view = live_view
-    assert "training" in view and "in-flight episodes" in view
-    shown = [e["episode"] for e in status["episodes"]]
-    assert any(episode[:12] in view for episode in shown), view
+    view = live_view
+    assert "training" in view and "in-flight episodes (" in view
+    rows = [line for line in view.splitlines() if "agentrl/Digits-v0" in line]
+    assert rows, view  # one row per in-flight episode: env, turn, versions, waiting on
+    assert any(phase in rows[0] for phase in ("engine", "env", "tool", "paused")), rows[0]
 
     # plain progress: one line per step, evaluation before and after
     assert [line.split()[1] for line in output.splitlines() if line.startswith("step ")] == [
