@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from agentrl import faults
 from agentrl.errors import StoreError
 from agentrl.types import (
     Group,
@@ -696,7 +697,9 @@ class StoreWriter:
     def _apply(self, ops: list[tuple[str, Any]]) -> None:
         store = self.store
         with store.batch():
-            for kind, payload in ops:
+            for i, (kind, payload) in enumerate(ops):
+                if i == 1:
+                    faults.point("store_write")
                 if kind == "task":
                     store.add_tasks([payload[0]], payload[1])
                 elif kind == "started":

@@ -41,6 +41,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from agentrl import faults
 from agentrl.errors import ConfigError
 from agentrl.metrics import Metrics
 from agentrl.rollout.runner import EpisodeRunner
@@ -139,6 +140,7 @@ class RolloutController:
     async def _reload(
         self, weights_dir: str | None, lora_dir: str | None, version: int | None, keep: bool
     ) -> int:
+        faults.point("weight_update")
         if self._push is not None:
             return await self.client.push_weights(self._push, version, keep_inflight=keep)
         if weights_dir is not None:

@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from agentrl import faults
 from agentrl.chat import Conversation, as_messages
 from agentrl.env import EnvHandle, make_env, supports_state
 from agentrl.errors import ContextOverflowError, InfraError
@@ -524,6 +525,7 @@ class EpisodeRunner:
                 ) from e
             finally:
                 ep.timings.generate_s += time.perf_counter() - t0
+            faults.point("generation")
             conversation.add_sampled(gen.token_ids, gen.logprobs, gen.versions)
             sampled.extend(gen.token_ids)
             ep.progress.add_tokens(gen.versions)

@@ -27,6 +27,8 @@ from typing import Any, Literal
 
 import torch
 
+from agentrl import faults
+
 from agentrl.errors import ConfigError
 from agentrl.trainer.batch import MicroBatch, micro_batches, rows_from_groups
 from agentrl.trainer.losses import LossConfig, importance_weights, policy_loss
@@ -236,6 +238,7 @@ class Trainer:
             grad_norm = float(self.accelerator.clip_grad_norm_(params, cfg.max_grad_norm))
         else:
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
+        faults.point("optimizer_step")
         if total_rows:
             self.optimizer.step()
         self.step += 1
