@@ -28,7 +28,6 @@ from typing import Any, Literal
 import torch
 
 from agentrl import faults
-
 from agentrl.errors import ConfigError
 from agentrl.trainer.batch import MicroBatch, micro_batches, rows_from_groups
 from agentrl.trainer.losses import LossConfig, importance_weights, policy_loss
