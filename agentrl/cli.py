@@ -102,6 +102,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     train.add_argument("--resume", metavar="RUN_DIR", default=None,
                        help="continue the run in RUN_DIR with its recorded config")  # fmt: skip
 
+    serve = commands.add_parser(
+        "serve",
+        help="run `vllm serve` with the settings a config's runs need (for inference.servers)",
+        description="Start vLLM's OpenAI server in the foreground with the flags agentrl's "
+        "client needs (weight-update routes, LoRA updates, sampling logprobs), the model and "
+        "engine settings taken from CONFIG's [model] and [inference]. Overrides as for train.",
+    )
+    serve.add_argument("config", nargs="?", help="the run's TOML config (default: defaults)")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to bind (default 127.0.0.1; the weight-update routes "
+                       "are unauthenticated: expose them only on a private network)")  # fmt: skip
+
     top_cmd = commands.add_parser("top", help="live view of a run (from another terminal)")
     top_cmd.add_argument("run_dir")
     top_cmd.add_argument("--once", action="store_true", help="print one view and exit")
@@ -141,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     replay.add_argument("--max-tokens", type=int, default=None, help="per assistant turn")
 
     args, extra = parser.parse_known_args(argv)
-    if extra and args.command != "train":
+    if extra and args.command not in ("train", "serve"):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
@@ -164,6 +177,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _replay(args)
         elif args.command == "train":
             return _train(args.config, extra, args.resume)
+        elif args.command == "serve":
+            return _serve(args.config, extra, args.port, args.host)
         elif args.command == "top":
             from pathlib import Path
 
@@ -210,6 +225,19 @@ def _train(config: str | None, overrides: list[str], resume: str | None) -> int:
         f"(agentrl top {run_dir}, agentrl replay {run_dir}, plots in {run_dir}/plots)"
     )
     return 0
+
+
+def _serve(config: str | None, overrides: list[str], port: int, host: str) -> int:
+    """Replace this process with `vllm serve` (so its PID is the server's)."""
+    from agentrl.config import RunConfig
+    from agentrl.inference.server import server_command
+    from agentrl.models import resolve_model
+
+    cfg = RunConfig.load(config, overrides)
+    command, env = server_command(cfg.inference_config(resolve_model(cfg.model.path)), port, host)
+    print(f"agentrl serve: {' '.join(command)}", flush=True)
+    os.execve(command[0], command, env)
+    return 0  # not reached
 
 
 def _import_all(imports: Sequence[str]) -> None:

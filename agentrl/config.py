@@ -64,6 +64,16 @@ class InferenceSection:
     enforce_eager: bool = True
     startup_timeout_s: float = 300.0
     request_timeout_s: float = 300.0
+    servers: list[str] = dataclasses.field(default_factory=list)
+    """mode = "server": URLs of running servers (`agentrl serve`); empty: agentrl starts
+    num_servers of them on 127.0.0.1 (and restarts one that dies)."""
+    num_servers: int = 1
+    """Servers agentrl starts itself when servers is empty."""
+    reconnect_timeout_s: float = 300.0
+    """How long requests wait for a server when none is healthy; then the run stops."""
+    health_interval_s: float = 1.0
+    max_restarts: int = 3
+    """How often agentrl restarts a server it started that died."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,12 +226,33 @@ class RunConfig:
                 f"rollout.max_tokens_per_turn ({self.rollout.max_tokens_per_turn}) must be "
                 f"below inference.max_model_len ({self.inference.max_model_len})"
             )
+        self._check_servers()
         self.scheduler_config()
         self.trainer_config()
         self.loop_config()
         self.rollout_config()
         self._check_env()
         self._check_model()
+
+    def _check_servers(self) -> None:
+        i = self.inference
+        if i.servers and i.mode != "server":
+            raise ConfigError(
+                f"inference.servers = {i.servers!r} but inference.mode = {i.mode!r}; "
+                'set inference.mode = "server" to use them'
+            )
+        for url in i.servers:
+            if not url.startswith(("http://", "https://")):
+                raise ConfigError(
+                    f"inference.servers has {url!r}; each entry is a base URL such as "
+                    '"http://127.0.0.1:8000"'
+                )
+        if len(set(i.servers)) != len(i.servers):
+            raise ConfigError(f"inference.servers lists a server twice: {i.servers!r}")
+        _positive(self, "inference.num_servers", "inference.reconnect_timeout_s",
+                  "inference.health_interval_s")  # fmt: skip
+        if i.max_restarts < 0:
+            raise ConfigError(f"inference.max_restarts = {i.max_restarts!r}; it must be >= 0")
 
     def _check_env(self) -> None:
         import gymnasium as gym

@@ -58,6 +58,20 @@ class EngineError(InfraError):
     """The inference engine failed, died, or could not be started."""
 
 
+class ServerUnavailable(EngineError):
+    """An inference server stopped answering (connection refused or dropped, deadline).
+
+    ``partial`` holds what the failed request had sampled before the server went away
+    (a valid prefix, ``finish_reason == "abort"``), or None if nothing was sent yet.
+    A :class:`~agentrl.inference.pool.ServerPool` continues the request elsewhere.
+    """
+
+    def __init__(self, message: str, partial: object = None, url: str = "") -> None:
+        super().__init__(message)
+        self.partial = partial
+        self.url = url
+
+
 class EngineStartupError(EngineError):
     """An inference engine or server did not come up."""
 

@@ -310,7 +310,7 @@ def _display(config: RunConfig) -> Any:
 
 async def _train(run: _Run, model_path: str, store: Any, tracer: Tracer, log: MetricsLog,
                  display: Any, result: TrainResult) -> None:  # fmt: skip
-    from agentrl.inference import VLLMEngineClient, VLLMServer, VLLMServerClient
+    from agentrl.inference import VLLMEngineClient
     from agentrl.queue import TrajectoryQueue
     from agentrl.rollout import EpisodeRunner, Scheduler, tasks_for
     from agentrl.rollout.controller import RolloutController
@@ -331,10 +331,10 @@ async def _train(run: _Run, model_path: str, store: Any, tracer: Tracer, log: Me
     async with contextlib.AsyncExitStack() as stack:
         inference = cfg.inference_config(model_path)
         if cfg.inference.mode == "server":
-            server = await stack.enter_async_context(
-                await VLLMServer.start(inference, log_dir=run.run_dir / "logs")
+            client = await stack.enter_async_context(
+                await _server_pool(cfg, inference, run.run_dir / "logs", stack, say)
             )
-            client = await stack.enter_async_context(VLLMServerClient(server.url, inference))
+            run.components["pool"] = client
         else:
             client = await stack.enter_async_context(await VLLMEngineClient.start(inference))
         writer = await stack.enter_async_context(StoreWriter(store))
@@ -408,6 +408,32 @@ async def _train(run: _Run, model_path: str, store: Any, tracer: Tracer, log: Me
                 ticker.cancel()
         result.steps = trainer.step
         result.last = dict(run.last)
+
+
+async def _server_pool(cfg: RunConfig, inference: Any, log_dir: Path,
+                       stack: contextlib.AsyncExitStack, say: Any) -> Any:  # fmt: skip
+    """The servers in inference.servers, or num_servers started here, behind one pool."""
+    from agentrl.inference import ServerPool, VLLMServer
+
+    i = cfg.inference
+    urls, managed = list(i.servers), {}
+    if not urls:
+        started = await asyncio.gather(
+            *(VLLMServer.start(inference, log_dir=log_dir) for _ in range(i.num_servers)),
+            return_exceptions=True,
+        )
+        for server in started:
+            if isinstance(server, VLLMServer):
+                stack.push_async_callback(server.stop)
+                managed[server.url] = server
+        errors = [e for e in started if isinstance(e, BaseException)]
+        if errors:
+            raise errors[0]
+        urls = list(managed)
+        say(f"started {len(urls)} vllm serve process(es): {', '.join(urls)}", flush=True)
+    return ServerPool(urls, inference, managed=managed, health_interval_s=i.health_interval_s,
+                      reconnect_timeout_s=i.reconnect_timeout_s,
+                      max_restarts=i.max_restarts)  # fmt: skip
 
 
 def _eval_line(ev: dict[str, Any]) -> str:

@@ -4,6 +4,8 @@
 * :class:`~agentrl.inference.engine.VLLMEngineClient`: in-process ``AsyncLLM`` (default).
 * :class:`~agentrl.inference.server.VLLMServerClient`: a ``vllm serve`` server over HTTP,
   with :class:`~agentrl.inference.server.VLLMServer` to start one on 127.0.0.1.
+* :class:`~agentrl.inference.pool.ServerPool`: several servers behind one client, with
+  routing, health checks, failover and weight catch-up.
 
 vLLM itself is imported only when an engine starts.
 """
@@ -15,6 +17,7 @@ from agentrl.inference.base import (
     SamplingConfig,
 )
 from agentrl.inference.engine import VLLMEngineClient
+from agentrl.inference.pool import ServerPool
 from agentrl.inference.server import VLLMServer, VLLMServerClient
 
 __all__ = [
@@ -22,6 +25,7 @@ __all__ = [
     "InferenceClient",
     "InferenceConfig",
     "SamplingConfig",
+    "ServerPool",
     "VLLMEngineClient",
     "VLLMServer",
     "VLLMServerClient",

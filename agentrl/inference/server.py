@@ -34,6 +34,7 @@ from agentrl.errors import (
     ContextOverflowError,
     EngineError,
     EngineStartupError,
+    ServerUnavailable,
     WeightSyncError,
 )
 from agentrl.inference.base import (
@@ -61,11 +62,21 @@ class VLLMServer:
     Use ``async with await VLLMServer.start(config) as server:`` or call :meth:`stop`.
     """
 
-    def __init__(self, process: subprocess.Popen[bytes], port: int, log_path: Path) -> None:
+    def __init__(
+        self,
+        process: subprocess.Popen[bytes],
+        port: int,
+        log_path: Path,
+        command: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.process = process
         self.port = port
         self.log_path = log_path
         self.url = f"http://127.0.0.1:{port}"
+        self.command = list(command)
+        self.env = env
+        self.restarts = 0
 
     @property
     def pid(self) -> int:
@@ -87,46 +98,40 @@ class VLLMServer:
                 ``config.startup_timeout_s`` (the message names that setting and the log).
         """
         config = config or InferenceConfig()
-        model_path = resolve_model(config.model)
         port = port or free_port()
+        command, env = server_command(config, port)
         log_dir = Path(log_dir) if log_dir is not None else Path.cwd()
         log_dir.mkdir(parents=True, exist_ok=True)
         log_path = log_dir / f"vllm-server-{port}.log"
-        command = [
-            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-            "--model", model_path,
-            "--host", "127.0.0.1",
-            "--port", str(port),
-            "--dtype", config.dtype,
-            "--max-model-len", str(config.max_model_len),
-            "--kv-cache-memory-bytes", str(config.kv_cache_memory_bytes),
-            "--seed", str(config.seed),
-            "--max-num-seqs", str(config.max_num_seqs),
-            "--logprobs-mode", "processed_logprobs",
-            "--disable-log-stats",
-        ]  # fmt: skip
-        if config.enforce_eager:
-            command.append("--enforce-eager")
-        if config.enable_lora:
-            command += ["--enable-lora", "--max-lora-rank", str(config.max_lora_rank)]
-        env = {
-            **os.environ,
-            "VLLM_SERVER_DEV_MODE": "1",
-            "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
-        }
-        # Opening a log file and forking are quick; doing them inline keeps the PID ours.
-        with open(log_path, "ab") as log:  # noqa: ASYNC230
-            process = subprocess.Popen(  # noqa: ASYNC220
-                command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-            )
-        server = cls(process, port, log_path)
+        server = cls(_spawn(command, env, log_path), port, log_path, command, env)
         try:
             await server._wait_healthy(config.startup_timeout_s)
         except BaseException:
             await server.stop()
             raise
-        logger.info("vllm serve pid %d healthy at %s", process.pid, server.url)
+        logger.info("vllm serve pid %d healthy at %s", server.pid, server.url)
         return server
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    async def restart(self, timeout_s: float = 300.0) -> None:
+        """Start the same server again on the same port (after it died); wait for health.
+
+        Whatever is left of the old one (its engine processes) is stopped first.
+        """
+        if not self.command:
+            raise EngineError(f"{self.url} was not started by agentrl; it cannot restart it")
+        await self.stop()
+        self.restarts += 1
+        logger.warning("restarting vllm serve at %s (restart %d)", self.url, self.restarts)
+        self.process = _spawn(self.command, self.env, self.log_path)
+        try:
+            await self._wait_healthy(timeout_s)
+        except BaseException:
+            await self.stop()
+            raise
 
     async def _wait_healthy(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -158,7 +163,10 @@ class VLLMServer:
 
     async def stop(self, timeout_s: float = 30.0) -> None:
         """Stop the server and the engine processes it spawned. Safe to call twice."""
-        if self.process.returncode is not None and not _descendants(self.process.pid):
+        if self.process.poll() is not None:
+            # Died on its own: its engine processes may live on in its process group.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.process.pid, signal.SIGKILL)
             return
         children = _descendants(self.process.pid)
         if self.process.poll() is None:
@@ -178,6 +186,45 @@ class VLLMServer:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+
+def server_command(
+    config: InferenceConfig, port: int, host: str = "127.0.0.1"
+) -> tuple[list[str], dict[str, str]]:
+    """The ``vllm serve`` command line and environment agentrl's client needs.
+
+    Dev mode turns on the weight-update routes; runtime LoRA updating the adapter
+    routes; ``processed_logprobs`` makes the behaviour logprobs those of the sampling
+    distribution (after temperature).
+    """
+    model_path = resolve_model(config.model)
+    command = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", model_path,
+        "--host", host,
+        "--port", str(port),
+        "--dtype", config.dtype,
+        "--max-model-len", str(config.max_model_len),
+        "--kv-cache-memory-bytes", str(config.kv_cache_memory_bytes),
+        "--seed", str(config.seed),
+        "--max-num-seqs", str(config.max_num_seqs),
+        "--logprobs-mode", "processed_logprobs",
+        "--disable-log-stats",
+    ]  # fmt: skip
+    if config.enforce_eager:
+        command.append("--enforce-eager")
+    if config.enable_lora:
+        command += ["--enable-lora", "--max-lora-rank", str(config.max_lora_rank)]
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+    return command, env
+
+
+def _spawn(command: Sequence[str], env: dict[str, str] | None, log_path: Path) -> Any:
+    """Start ``command`` in its own session (process group), output appended to the log."""
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(
+            list(command), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
 
 
 def _descendants(pid: int) -> list[int]:
@@ -253,6 +300,15 @@ class VLLMServerClient:
             )
         return self._session
 
+    async def healthy(self, timeout_s: float = 2.0) -> bool:
+        """Whether ``/health`` answers 200 within ``timeout_s``."""
+        try:
+            timeout = aiohttp.ClientTimeout(total=timeout_s)
+            async with self._http().get(f"{self.base_url}/health", timeout=timeout) as r:
+                return r.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+
     async def model_name(self) -> str:
         """The name requests are sent to: a loaded adapter's, else the served model's."""
         if self._served_name is not None:
@@ -272,9 +328,10 @@ class VLLMServerClient:
                     raise EngineError(f"{method} {url} answered {r.status}: {body[:500]}")
                 is_json = r.content_type == "application/json"
         except (aiohttp.ClientError, TimeoutError) as e:
-            raise EngineError(
+            raise ServerUnavailable(
                 f"{method} {url} failed: {type(e).__name__}: {e} (deadline "
-                f"inference.request_timeout_s = {self.config.request_timeout_s} s)"
+                f"inference.request_timeout_s = {self.config.request_timeout_s} s)",
+                url=self.base_url,
             ) from e
         return json.loads(body) if body and is_json else body
 
@@ -314,11 +371,15 @@ class VLLMServerClient:
                 # connection error, half a JSON line). Keep what was streamed.
                 finish_reason = "abort"
             elif isinstance(e, aiohttp.ClientError | TimeoutError):
-                self._inflight.fail(request_id, e)
-                raise EngineError(
+                # The server went away (or missed the deadline). What it streamed before
+                # is a valid prefix: hand it back so the request can continue elsewhere.
+                partial = self._inflight.finish(request_id, "abort", version, len(prompt))
+                raise ServerUnavailable(
                     f"request {request_id!r} to {self.base_url} failed: {type(e).__name__}: "
                     f"{e} (deadline inference.request_timeout_s = "
-                    f"{self.config.request_timeout_s} s)"
+                    f"{self.config.request_timeout_s} s)",
+                    partial=partial,
+                    url=self.base_url,
                 ) from e
             else:
                 self._inflight.fail(request_id, e)
