@@ -27,10 +27,12 @@ Gymnasium's own registry. It never calls a model. The checks live in
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import re
 import string
 from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
 import gymnasium as gym
@@ -175,12 +177,16 @@ class EnvHandle:
     """How the rollout engine drives one env without ever blocking its event loop.
 
     Awaits ``areset``/``astep`` when the env defines them, else runs the sync
-    ``reset``/``step`` in a worker thread. On the async path the Gymnasium wrappers
-    are bypassed, so the registered ``max_episode_steps`` is applied here.
+    ``reset``/``step`` in a worker thread of its own: a call that hangs past its
+    deadline holds only that thread, never the threads other episodes need. On the
+    async path the Gymnasium wrappers are bypassed, so the registered
+    ``max_episode_steps`` is applied here.
     """
 
-    def __init__(self, env: gym.Env[Any, Any]) -> None:
+    def __init__(self, env: gym.Env[Any, Any], executor: ThreadPoolExecutor | None = None) -> None:
         self.env = env
+        self._executor = executor
+        self._running = 0  # calls submitted to the worker thread and not yet returned
         self.inner = env.unwrapped
         self.is_async = callable(getattr(self.inner, "astep", None)) and callable(
             getattr(self.inner, "areset", None)
@@ -203,19 +209,48 @@ class EnvHandle:
         self.steps = 0
         if self.is_async:
             return await self.inner.areset(seed=seed, options=options)
-        return await asyncio.to_thread(self.env.reset, seed=seed, options=options)
+        return await self._thread(functools.partial(self.env.reset, seed=seed, options=options))
 
     async def step(self, action: str) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
         self.steps += 1
         if not self.is_async:
-            return await asyncio.to_thread(self.env.step, action)
+            return await self._thread(functools.partial(self.env.step, action))
         obs, reward, terminated, truncated, info = await self.inner.astep(action)
         if self.max_steps is not None and self.steps >= self.max_steps:
             truncated = True
         return obs, reward, terminated, truncated, info
 
     async def close(self) -> None:
-        await asyncio.to_thread(self.env.close)
+        if self._running:  # its thread is stuck in a call that missed its deadline
+            spare = ThreadPoolExecutor(1, thread_name_prefix="agentrl-env-close")
+            try:
+                await asyncio.get_running_loop().run_in_executor(spare, self.env.close)
+            finally:
+                spare.shutdown(wait=False)
+            return
+        await self._thread(self.env.close)
+
+    async def _thread(self, fn: Callable[[], Any]) -> Any:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="agentrl-env")
+
+        def call() -> Any:
+            try:
+                return fn()
+            finally:
+                self._running -= 1
+
+        try:
+            future = asyncio.get_running_loop().run_in_executor(self._executor, call)
+        except RuntimeError as e:  # shut down: this env was abandoned
+            raise RuntimeError(f"the env {self.inner!r} was closed; it takes no more calls") from e
+        self._running += 1
+        return await future
+
+    def abandon(self) -> None:
+        """Let go of the worker thread (after close): one stuck in a hung call is left."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
 
     def get_state(self) -> dict[str, Any] | None:
         """The env's snapshot when it has ``get_state`` and the snapshot is JSON; else None."""
@@ -233,7 +268,7 @@ class EnvHandle:
         if self.is_async:
             self.inner.set_state(state)
         else:
-            await asyncio.to_thread(self.inner.set_state, state)
+            await self._thread(functools.partial(self.inner.set_state, state))
         self.steps = steps
         env: Any = self.env
         while isinstance(env, gym.Wrapper):  # TimeLimit counts steps; carry them over

@@ -300,7 +300,7 @@ class EpisodeRunner:
                     continue
                 ep.progress.set_phase("env")
                 obs, reward, terminated, truncated, info = await self._env_call(
-                    ep.timings, "step", _checked_step, ep.handle, text
+                    ep.timings, "step", _checked_step, ep.handle, text, ep.task.env_id
                 )
                 ep.info = info
                 ep.rewards.append(float(reward))
@@ -316,17 +316,16 @@ class EpisodeRunner:
                     status, reason = "truncated", "context window full"
                     break
                 self._checkpoint(ep, t_start)
-            for kind, n in toolset.errors.items():
-                self.metrics.count(f"tool_errors/{kind}", n)
         except EnvFailure as e:
             status, reason = "failed", str(e)
+        except _ContextFull as e:
+            status, reason = "truncated", str(e)
         finally:
+            if ep.toolset is not None:
+                for kind, n in ep.toolset.errors.items():
+                    self.metrics.count(f"tool_errors/{kind}", n)
             if ep.handle is not None:
-                try:
-                    await ep.handle.close()
-                except Exception as e:  # a failing close must not lose the episode
-                    self.metrics.count("env_close_errors")
-                    ep.info = {**ep.info, "close_error": f"{type(e).__name__}: {e}"}
+                await self._close(ep)
         ep.timings.total_s = time.perf_counter() - t_start
         self.metrics.count(f"episodes_{status}")
         conversation = ep.conversation
@@ -340,11 +339,28 @@ class EpisodeRunner:
             for i in range(len(conversation.segments))
         ]
 
+    async def _close(self, ep: _Episode) -> None:
+        """Close the env under the env deadline; a failing close must not lose the episode."""
+        assert ep.handle is not None
+        error = None
+        try:
+            async with asyncio.timeout(self.config.env_timeout_s):
+                await ep.handle.close()
+        except TimeoutError:
+            error = f"close took longer than {self.config.env_timeout_s} s"
+        except Exception as e:
+            error = f"{type(e).__name__}: {e}"
+        finally:
+            ep.handle.abandon()
+        if error is not None:
+            self.metrics.count("env_close_errors")
+            ep.info = {**ep.info, "close_error": error}
+
     async def _start(self, ep: _Episode) -> None:
         task = ep.task
         ep.handle = await self._env_call(ep.timings, "make", self._build, task)
         obs, ep.info = await self._env_call(
-            ep.timings, "reset", _checked_reset, ep.handle, task.seed, task.options
+            ep.timings, "reset", _checked_reset, ep.handle, task.seed, task.options, task.env_id
         )
         ep.toolset = ToolSet(ep.handle.tools, timeout_s=self.config.tool_timeout_s)
         messages = as_messages(obs)
@@ -361,7 +377,7 @@ class EpisodeRunner:
         ep.timings = dataclasses.replace(p.timings)
         ep.handle = await self._env_call(ep.timings, "make", self._build, task)
         obs, ep.info = await self._env_call(
-            ep.timings, "reset", _checked_reset, ep.handle, task.seed, task.options
+            ep.timings, "reset", _checked_reset, ep.handle, task.seed, task.options, task.env_id
         )
         steps = len(p.env_log) - 1
         if p.env_state is not None and supports_state(ep.handle.env):
@@ -452,7 +468,14 @@ class EpisodeRunner:
         self.checkpoint(snapshot)
 
     async def _build(self, task: Task) -> EnvHandle:
-        return EnvHandle(await asyncio.to_thread(self.make, task.env_id, **task.env_kwargs))
+        executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="agentrl-env")
+        make = functools.partial(self.make, task.env_id, **task.env_kwargs)
+        try:
+            env = await asyncio.get_running_loop().run_in_executor(executor, make)
+        except BaseException:
+            executor.shutdown(wait=False, cancel_futures=True)
+            raise
+        return EnvHandle(env, executor)
 
     async def _env_call(
         self, timings: Timings, name: str, fn: Callable[..., Any], *args: Any
@@ -497,6 +520,7 @@ class EpisodeRunner:
         assert conversation is not None
         budget = self.config.max_tokens_per_turn
         sampled = ep.pending
+        overflow: ContextOverflowError | None = None
         ep.progress.set_phase("engine")
         while True:
             if self.admission is not None and not self.admission.is_set():
@@ -513,7 +537,10 @@ class EpisodeRunner:
                     self.config.sampling(max_tokens),
                     f"{ep.episode_id}-{next(_request_ids)}",
                 )
-            except ContextOverflowError:
+            except ContextOverflowError as e:
+                # The engine's window is smaller than the one advertised: end the turn
+                # with what was sampled, then the episode (nothing was made up).
+                overflow = e
                 finish = "length"
                 break
             except (InfraError, asyncio.CancelledError):
@@ -536,6 +563,8 @@ class EpisodeRunner:
             self.metrics.count("generations_resumed")
         conversation.end_assistant_turn(conversation.decode(sampled), finish)
         ep.pending = []
+        if overflow is not None:
+            raise _ContextFull(f"context window full (the engine refused it: {overflow})")
         return conversation.messages[-1]["content"], finish
 
     def _trajectory(
@@ -587,17 +616,52 @@ def _log_step(
             "terminated": terminated, "truncated": truncated}  # fmt: skip
 
 
+class _ContextFull(Exception):
+    """The engine refused the prompt as too long: the episode ends truncated."""
+
+
+_ROLES = ("system", "user", "assistant", "tool")
+
+
+def _check_observation(obs: Any, env_id: str, where: str) -> None:
+    """Refuse an observation the chat template cannot take, naming the env."""
+    if obs is None or isinstance(obs, str):
+        return
+    problem = None
+    if not isinstance(obs, list):
+        problem = f"a {type(obs).__name__}"
+    else:
+        for i, m in enumerate(obs):
+            if not isinstance(m, dict):
+                problem = f"a list whose item {i} is a {type(m).__name__}"
+            elif m.get("role") not in _ROLES:
+                problem = f"a list whose message {i} has role {m.get('role')!r}"
+            elif not isinstance(m.get("content"), str):
+                problem = (f"a list whose message {i} has content of type "
+                           f"{type(m.get('content')).__name__}")  # fmt: skip
+            if problem:
+                break
+    if problem:
+        raise EnvFailure(
+            f"env_bad_observation: {env_id} {where} returned {problem} ({obs!r:.120}); "
+            f"expected a str, or a list of {{'role': one of {list(_ROLES)}, 'content': str}} "
+            "messages"
+        )
+
+
 async def _checked_reset(
-    handle: EnvHandle, seed: int | None, options: dict[str, Any] | None
+    handle: EnvHandle, seed: int | None, options: dict[str, Any] | None, env_id: str = "the env"
 ) -> tuple[Any, dict[str, Any]]:
     obs, info = await handle.reset(seed=seed, options=options)
+    _check_observation(obs, env_id, "reset()")
     return obs, dict(info or {})
 
 
 async def _checked_step(
-    handle: EnvHandle, text: str
+    handle: EnvHandle, text: str, env_id: str = "the env"
 ) -> tuple[Any, float, bool, bool, dict[str, Any]]:
     obs, reward, terminated, truncated, info = await handle.step(text)
+    _check_observation(obs, env_id, "step()")
     return obs, float(reward), bool(terminated), bool(truncated), dict(info or {})
 
 
