@@ -43,6 +43,12 @@ class MicroBatch:
     def tokens(self) -> int:
         return int(self.mask.sum().item())
 
+    def to(self, device: torch.device) -> MicroBatch:
+        """The same batch on ``device`` (itself when it is there already)."""
+        if self.input_ids.device == device:
+            return self
+        return MicroBatch(*(getattr(self, f.name).to(device) for f in dataclasses.fields(self)))
+
 
 def rows_from_groups(
     groups: Sequence[Group], scale: Literal["group", "batch", "none"] = "group"

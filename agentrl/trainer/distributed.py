@@ -7,13 +7,26 @@ store, publishing, checkpoints) and, for each optimizer step, broadcasts the gro
 with :func:`broadcast_groups`; the other ranks run :func:`follow`. Each rank trains
 on its share of the rows (``rows[rank::world]``) and the wrapper (DDP, or FSDP2 when
 configured so) reduces the gradients, so one step equals the single-process step on
-the same batch (tested on CPU with two gloo processes).
+the same batch. Under FSDP every forward and backward gathers weights (collectives),
+so every rank runs as many micro-batches as the busiest one, padding with masked-out
+micro-batches.
 
 Groups cross as JSON (token arrays as lists) in one uint8 tensor: nothing is
-pickled. Under FSDP every rank gathers the full weights at the end of each step
-(``accelerator.get_state_dict``, a collective), so rank 0 can publish and checkpoint
-them (:meth:`Trainer.full_state_dict`). The FSDP2 path has not run yet (no GPU was
-available); DDP is tested on CPU.
+pickled. Under FSDP every rank joins the gathering of the full weights at the end of
+each step (``accelerator.get_state_dict``, a collective) and rank 0 receives them
+(on CPU), so it can publish and checkpoint them (:meth:`Trainer.full_state_dict`).
+
+Tested on CPU with two gloo processes (``tests/trainer/test_distributed_cpu.py``),
+for DDP and for FSDP2: the gradients and the weights after one AdamW step equal the
+single-process step's, with uneven micro-batch counts across ranks, and rank 0 holds
+the full weights. accelerate (1.15) ignores an FSDP plugin on CPU (it wraps in DDP),
+so the FSDP2 test sets accelerate's state to FSDP itself; accelerate's own FSDP2
+code (``prepare``, ``no_sync``, ``backward``, ``clip_grad_norm_``, ``get_state_dict``)
+then runs on ``torch.distributed.fsdp.fully_shard``. Not run yet: any GPU (NCCL),
+and LoRA publishing under FSDP2 (``save_pretrained`` of the sharded model). Known
+gap: under FSDP2 ``save_checkpoint`` fails on rank 0 (the optimizer state it saves
+holds DTensor shards; safetensors raises "Attempted to access the data pointer on
+an invalid python storage").
 """
 
 from __future__ import annotations

@@ -166,8 +166,9 @@ class Trainer:
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The full (unsharded) weights, for publishing and checkpoints.
 
-        Under FSDP they were gathered on every rank at the end of the last step (a
-        collective all ranks join); otherwise the local model holds them.
+        Under FSDP they were gathered onto rank 0's CPU at the end of the last step (a
+        collective all ranks join; the other ranks get an empty dict); otherwise the
+        local model holds them.
         """
         if self._full_state is not None:
             return self._full_state
@@ -194,6 +195,11 @@ class Trainer:
         with contextlib.suppress(OSError):
             os.sched_setaffinity(0, cores)
 
+    @property
+    def device(self) -> torch.device:
+        """Where the model's parameters are (micro-batches are moved there)."""
+        return next(self.model.parameters()).device
+
     def logprobs(self, model: Any, mb: MicroBatch) -> torch.Tensor:
         """Per-token logprobs of ``mb.targets`` under ``model`` (shape of ``mb.targets``)."""
         from trl.trainer.utils import selective_log_softmax
@@ -207,6 +213,7 @@ class Trainer:
         out = []
         with torch.no_grad():
             for mb in micro_batches(rows, self.config.micro_batch_tokens, self.pad_id):
+                mb = mb.to(self.device)
                 out.append((self.logprobs(self.model, mb), mb))
         return out
 
@@ -226,12 +233,19 @@ class Trainer:
         acc: dict[str, Any] = {"loss": 0.0, "clipped": 0.0, "tokens": 0.0, "w_min": float("inf"),
                "w_max": 0.0, "w_sum": 0.0, "gap_sum": 0.0, "gap_n": 0, "st_min": float("inf"),
                "st_max": 0.0, "st_sum": 0.0, "kl": 0.0}  # fmt: skip
-        for i, mb in enumerate(batches):
-            with self._sync(last=i == len(batches) - 1):
-                self._micro_step(mb, acc, total_tokens, total_rows, len(batches))
+        # FSDP gathers the weights in every forward and backward (collectives), so every
+        # rank runs as many micro-steps as the busiest one, the extra ones on a padding
+        # micro-batch that carries no loss. DDP only syncs in the last backward.
+        count = self._micro_step_count(len(batches))
+        for i in range(count):
+            with self._sync(last=i == count - 1):
+                if i < len(batches):
+                    self._micro_step(batches[i], acc, total_tokens, total_rows, len(batches))
+                else:
+                    self._micro_step(self._padding_batch(), dict(acc), total_tokens, total_rows, 1)
         params = [p for p in self.model.parameters() if p.requires_grad]
         if self.accelerator is not None:
-            if not batches:  # this rank had no rows: still join the gradient all-reduce
+            if not count:  # this rank had no rows: still join the gradient all-reduce
                 dummy = self.model(input_ids=torch.zeros(1, 2, dtype=torch.long)).logits.sum()
                 self.accelerator.backward(dummy * 0.0)
             grad_norm = float(self.accelerator.clip_grad_norm_(params, cfg.max_grad_norm))
@@ -241,7 +255,7 @@ class Trainer:
         if total_rows:
             self.optimizer.step()
         self.step += 1
-        if self._sharded():  # FSDP: gathering the full weights is a collective, on every rank
+        if self._sharded():  # FSDP: a collective on every rank; rank 0 gets the full weights
             self._full_state = self.accelerator.get_state_dict(self.model)
         tokens = acc["tokens"]
         rewards = [t.reward for g in groups for t in g.trajectories if t.segment == 0]
@@ -269,6 +283,7 @@ class Trainer:
     def _micro_step(self, mb: MicroBatch, acc: dict[str, Any], total_tokens: float,
                     total_rows: int, count: int) -> None:  # fmt: skip
         cfg = self.config
+        mb = mb.to(self.device)
         mask = mb.mask
         if cfg.loss.max_token_staleness is not None:
             mask = mask * ((self.version - mb.versions) <= cfg.loss.max_token_staleness)
@@ -288,6 +303,25 @@ class Trainer:
         else:  # the wrapper averages gradients over ranks; each loss is a share of the sum
             self.accelerator.backward(loss * self.world)
         self._accumulate(acc, loss, stats, mb, mask, old, weights)
+
+    def _micro_step_count(self, local: int) -> int:
+        """Micro-steps this rank runs: its own, or under FSDP the most of any rank."""
+        if not self._sharded():
+            return local
+        import torch.distributed as dist
+
+        count = torch.tensor([local], dtype=torch.int64, device=self.accelerator.device)
+        dist.all_reduce(count, op=dist.ReduceOp.MAX)
+        return int(count.item())
+
+    def _padding_batch(self) -> MicroBatch:
+        """One row of two padding tokens, masked out: a forward and backward, no loss."""
+        ids = torch.full((1, 2), self.pad_id, dtype=torch.long)
+        return MicroBatch(input_ids=ids, attention_mask=torch.ones_like(ids),
+                          targets=ids[:, 1:].clone(), mask=torch.zeros(1, 1),
+                          behaviour_logprobs=torch.zeros(1, 1),
+                          versions=torch.full((1, 1), -1, dtype=torch.long),
+                          advantages=torch.zeros(1))  # fmt: skip
 
     def _sync(self, *, last: bool) -> Any:
         """Only the last micro-batch of a rank all-reduces gradients (forward included)."""
