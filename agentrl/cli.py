@@ -115,6 +115,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                        help="address to bind (default 127.0.0.1; the weight-update routes "
                        "are unauthenticated: expose them only on a private network)")  # fmt: skip
 
+    audit = commands.add_parser(
+        "audit",
+        help="account for every task of a run: finished, failed with a reason, or resumable; "
+        "exit 1 if anything was lost or trained twice",
+    )
+    audit.add_argument("run_dir")
+    audit.add_argument("--json", action="store_true", help="print the audit as JSON")
+
     top_cmd = commands.add_parser("top", help="live view of a run (from another terminal)")
     top_cmd.add_argument("run_dir")
     top_cmd.add_argument("--once", action="store_true", help="print one view and exit")
@@ -177,6 +185,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _replay(args)
         elif args.command == "train":
             return _train(args.config, extra, args.resume)
+        elif args.command == "audit":
+            return _audit(args.run_dir, args.json)
         elif args.command == "serve":
             return _serve(args.config, extra, args.port, args.host)
         elif args.command == "top":
@@ -207,7 +217,7 @@ def quiet_vllm() -> None:
 
 def _train(config: str | None, overrides: list[str], resume: str | None) -> int:
     from agentrl.errors import ConfigError
-    from agentrl.run import prepare, train
+    from agentrl.run import explain_failure, prepare, train
 
     bad = [o for o in overrides if not o.startswith("--") or "=" not in o]
     if bad:
@@ -220,11 +230,41 @@ def _train(config: str | None, overrides: list[str], resume: str | None) -> int:
     except KeyboardInterrupt:
         print(f"interrupted; continue with: agentrl train --resume {run_dir}", file=sys.stderr)
         return 130
+    except Exception as e:
+        cause = explain_failure(e, run_dir)
+        if cause is e and not isinstance(e, AgentRLError):
+            raise
+        raise cause from e
     print(
         f"done: {result.steps} steps in {result.wall_s:.0f} s; run directory {run_dir} "
         f"(agentrl top {run_dir}, agentrl replay {run_dir}, plots in {run_dir}/plots)"
     )
     return 0
+
+
+def _audit(run_dir: str, as_json: bool) -> int:
+    import json
+
+    from agentrl.store import EpisodeStore
+
+    with EpisodeStore.open(run_dir, create=False) as store:
+        integrity = store.integrity_check()
+        report = {"integrity_check": integrity, **store.audit()}
+    report["ok"] = report["ok"] and integrity == "ok"
+    if as_json:
+        print(json.dumps(report, indent=1))
+    else:
+        states = ", ".join(f"{n} {s}" for s, n in sorted(report["tasks_by_state"].items()))
+        eps = ", ".join(f"{n} {s}" for s, n in sorted(report["episodes_by_state"].items()))
+        print(f"store: integrity {integrity}; {report['tasks']} tasks ({states})")
+        print(f"episodes: {eps or 'none'}; {report['partials']} paused with a checkpoint")
+        print(f"trained: {report['trained_tasks']} tasks in steps 1..{report['consumed_steps']}; "
+              f"resumable: {report['resumable_tasks']} tasks")  # fmt: skip
+        for key in ("lost", "trained_twice"):
+            print(f"{key.replace('_', ' ')}: {len(report[key])}")
+            for line in report[key][:20]:
+                print(f"  {line}")
+    return 0 if report["ok"] else 1
 
 
 def _serve(config: str | None, overrides: list[str], port: int, host: str) -> int:

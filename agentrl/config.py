@@ -274,10 +274,12 @@ class RunConfig:
             ) from None
 
     def _check_model(self) -> None:
-        from agentrl.models import resolve_model
+        from agentrl.models import check_chat_template, resolve_model
 
         if self.model.path != "tiny":
-            resolve_model(self.model.path)  # raises ModelNotFoundError (a ConfigError)
+            path = resolve_model(self.model.path)  # raises ModelNotFoundError (a ConfigError)
+            if Path(path).is_dir():
+                check_chat_template(path)
 
     # ---- component configs -----------------------------------------------------
     def batch_size(self) -> int:

@@ -80,5 +80,9 @@ class WeightSyncError(InfraError):
     """New weights could not be loaded into the inference engine."""
 
 
+class RunDirError(InfraError):
+    """The run directory cannot be written (read-only, full, no permission)."""
+
+
 class StoreError(InfraError):
     """The episode store cannot be read or written (corrupt, newer schema, disk full)."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import errno
 import logging
 import os
 import shutil
@@ -33,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.config import RunConfig, import_all
-from agentrl.errors import ConfigError
+from agentrl.errors import ConfigError, InfraError, RunDirError
 from agentrl.metrics import LoopLagMonitor, Metrics, tune_gc
 from agentrl.monitor import MetricsLog, plain_line, render, write_status
 from agentrl.trace import EVAL, Tracer
@@ -287,6 +288,33 @@ async def train(config: RunConfig, run_dir: Path, *, resume: bool = False) -> Tr
 
                 write_plots(run_dir)
     return result
+
+
+_DISK_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM}
+
+
+def explain_failure(error: BaseException, run_dir: Path) -> BaseException:
+    """The one error a failed run reports: the first real cause, saying how to go on.
+
+    Unwraps task-group exception groups; a write that failed for lack of space or
+    permission becomes a :class:`RunDirError` naming the path.
+    """
+    leaf = error
+    while isinstance(leaf, BaseExceptionGroup):
+        real = [e for e in leaf.exceptions if not isinstance(e, asyncio.CancelledError)]
+        leaf = (real or list(leaf.exceptions))[0]
+    resume = f"agentrl train --resume {run_dir}"
+    if isinstance(leaf, OSError) and leaf.errno in _DISK_ERRNOS:
+        where = leaf.filename or run_dir
+        return RunDirError(
+            f"cannot write {where}: {leaf.strerror} ({errno.errorcode.get(leaf.errno, '?')}). "
+            f"The run stopped; its episode store and last checkpoint are intact. Free space "
+            f"or make {run_dir} writable, then continue with: {resume}"
+        )
+    if isinstance(leaf, InfraError) and "--resume" not in str(leaf):
+        wrapped = InfraError(f"{leaf}. The run stopped; continue it with: {resume}")
+        return wrapped
+    return leaf
 
 
 def _init_run_dir(config: RunConfig, run_dir: Path, resume: bool) -> None:

@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -176,6 +177,15 @@ class EpisodeStore:
             if not create:
                 raise StoreError(f"no episode store at {str(path)!r}; is this a run directory?")
             path.parent.mkdir(parents=True, exist_ok=True)
+        writable = os.access(path.parent, os.W_OK) and (
+            not path.exists() or os.access(path, os.W_OK)
+        )
+        if create and not writable:
+            raise StoreError(
+                f"the episode store {str(path)!r} is not writable (a read-only file system or "
+                f"no permission); nothing was changed. Make {str(path.parent)!r} writable, "
+                f"then run the command again"
+            )
         try:
             db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30)
             db.execute("PRAGMA busy_timeout = 30000")
@@ -589,6 +599,79 @@ class EpisodeStore:
     def versions(self) -> list[dict[str, Any]]:
         rows = self._query("SELECT * FROM versions ORDER BY version")
         return [{**dict(r), "stats": json.loads(r["stats"])} for r in rows]
+
+    def audit(self) -> dict[str, Any]:
+        """Account for every task: finished, failed with a reason, or still resumable.
+
+        Returns counts by state and two lists that must be empty: ``lost`` (a trained
+        task with fewer ended episodes than its group, an ended trajectory of a trained
+        task the trainer never consumed, a failed episode without a reason) and
+        ``trained_twice`` (a task consumed in more than one optimizer step, an episode
+        segment consumed more than once). ``ok`` is True when both are empty.
+        """
+        q = self._query
+        tasks = {r["state"]: r["n"] for r in q(
+            "SELECT state, COUNT(*) AS n FROM tasks GROUP BY state")}  # fmt: skip
+        episodes = {r["state"]: r["n"] for r in q(
+            "SELECT state, COUNT(*) AS n FROM episodes WHERE origin = 'run' "
+            "GROUP BY state")}  # fmt: skip
+        final = "('finished', 'truncated', 'failed')"
+        lost = [
+            f"task {r['task_id']} was trained with {r['n']} of {r['group_size']} episodes"
+            for r in q(
+                "SELECT k.task_id, k.group_size, COUNT(DISTINCT e.episode_id) AS n FROM tasks k "
+                f"LEFT JOIN episodes e ON e.task_id = k.task_id AND e.origin = 'run' AND "
+                f"e.state IN {final} WHERE k.state = 'trained' GROUP BY k.task_id "
+                "HAVING n < k.group_size"
+            )
+        ]
+        lost += [
+            f"trajectory {r['traj_id']} (episode {r['episode_id']}) of trained task "
+            f"{r['task_id']} was never consumed"
+            for r in q(
+                "SELECT t.traj_id, t.episode_id, t.task_id FROM trajectories t "
+                "JOIN tasks k ON k.task_id = t.task_id AND k.state = 'trained' "
+                "JOIN episodes e ON e.episode_id = t.episode_id AND e.attempt = t.attempt "
+                f"WHERE e.origin = 'run' AND e.state IN {final} "
+                "AND t.traj_id NOT IN (SELECT traj_id FROM consumed)"
+            )
+        ]
+        lost += [
+            f"episode {r['episode_id']} attempt {r['attempt']} failed without a reason"
+            for r in q(
+                "SELECT episode_id, attempt FROM episodes WHERE origin = 'run' AND "
+                "state = 'failed' AND reason = ''"
+            )
+        ]
+        twice = [
+            f"task {r['task_id']} was trained in steps {r['steps']}"
+            for r in q(
+                "SELECT t.task_id, GROUP_CONCAT(DISTINCT c.step) AS steps FROM consumed c "
+                "JOIN trajectories t ON t.traj_id = c.traj_id GROUP BY t.task_id "
+                "HAVING COUNT(DISTINCT c.step) > 1"
+            )
+        ]
+        twice += [
+            f"episode {r['episode_id']} segment {r['segment']} was trained {r['n']} times"
+            for r in q(
+                "SELECT t.episode_id, t.segment, COUNT(*) AS n FROM consumed c "
+                "JOIN trajectories t ON t.traj_id = c.traj_id "
+                "GROUP BY t.episode_id, t.segment HAVING n > 1"
+            )
+        ]
+        resumable = tasks.get("pending", 0) + tasks.get("complete", 0)
+        return {
+            "tasks": sum(tasks.values()),
+            "tasks_by_state": tasks,
+            "episodes_by_state": episodes,
+            "trained_tasks": tasks.get("trained", 0),
+            "resumable_tasks": resumable,
+            "partials": len(q("SELECT episode_id FROM partials")),
+            "consumed_steps": self.last_step(),
+            "lost": lost,
+            "trained_twice": twice,
+            "ok": not lost and not twice,
+        }
 
     def stats(self) -> dict[str, Any]:
         """Counts by state and the bytes the token arrays take."""

@@ -10,6 +10,7 @@ A *model spec* is what a user writes in a config or on the command line:
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -44,7 +45,41 @@ def resolve_model(spec: str, *, cache_dir: str | Path | None = None) -> str:
             f"{str(path)!r} is not a model folder: it has no config.json; point at the "
             f"folder that save_pretrained wrote"
         )
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        raise ModelNotFoundError(
+            f"{str(path / 'config.json')!r} is not a readable model config ({e}); point at "
+            f"the folder that save_pretrained wrote"
+        ) from None
+    if not isinstance(config, dict) or "model_type" not in config:
+        raise ModelNotFoundError(
+            f"{str(path / 'config.json')!r} has no model_type, so it is not a transformers "
+            f"model config; point at the folder that save_pretrained wrote"
+        )
+    if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
+        raise ModelNotFoundError(
+            f"{str(path)!r} has a config.json but no weights (*.safetensors or *.bin); "
+            f"save the model there with save_pretrained"
+        )
     return str(path.resolve())
 
 
-__all__ = ["resolve_model"]
+def check_chat_template(model_path: str) -> None:
+    """Refuse a tokenizer without a chat template (agentrl renders every turn with it).
+
+    Raises:
+        ModelNotFoundError: naming the folder and how to add a template.
+    """
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    if not getattr(tokenizer, "chat_template", None):
+        raise ModelNotFoundError(
+            f"the tokenizer in {model_path!r} has no chat template, and agentrl renders "
+            f"every conversation with it; use an instruct/chat model, or set "
+            f"tokenizer.chat_template and save_pretrained it into that folder"
+        )
+
+
+__all__ = ["check_chat_template", "resolve_model"]

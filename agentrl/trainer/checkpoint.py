@@ -29,14 +29,37 @@ from typing import Any
 import numpy as np
 import torch
 
-from agentrl.errors import ConfigError
+from agentrl.errors import ConfigError, RunDirError
 from agentrl.trainer.trainer import Trainer
 
 LATEST = "latest"
 
 
 def save_checkpoint(trainer: Trainer, root: Path, keep: int = 2) -> Path:
-    """Write a checkpoint of ``trainer`` under ``root``; return its folder."""
+    """Write a checkpoint of ``trainer`` under ``root``; return its folder.
+
+    Raises:
+        RunDirError: it could not be written (disk full, read-only, no permission);
+            the half-written folder is removed and the previous checkpoint is intact.
+    """
+    try:
+        return _write_checkpoint(trainer, root, keep)
+    except Exception as e:
+        for tmp in Path(root).glob(f".*.tmp-{os.getpid()}"):  # what this attempt wrote
+            if tmp.is_dir():
+                shutil.rmtree(tmp, ignore_errors=True)
+            else:
+                tmp.unlink(missing_ok=True)
+        if isinstance(e, ConfigError):
+            raise
+        raise RunDirError(
+            f"writing the checkpoint of step {trainer.step} under {str(root)!r} failed: "
+            f"{type(e).__name__}: {e}. The previous checkpoint is intact; free space or make "
+            f"the folder writable, then continue with agentrl train --resume RUN_DIR"
+        ) from e
+
+
+def _write_checkpoint(trainer: Trainer, root: Path, keep: int) -> Path:
     from safetensors.torch import save_file
 
     root = Path(root)
