@@ -153,7 +153,7 @@ class ServerPool:
         self._requests = _PoolRequests()
         self._aborted: set[str] = set()
         self._affinity: OrderedDict[str, _Member] = OrderedDict()
-        self._changed = asyncio.Condition()
+        self._changed = asyncio.Event()  # replaced by a fresh one on every change
         self._update_lock = asyncio.Lock()
         self._health: asyncio.Task[None] | None = None
         self._closed = False
@@ -220,7 +220,7 @@ class ServerPool:
         if member is not None:
             return await member.client.abort(request_id)
         self._aborted.add(request_id)  # waiting for a server: generate() returns at once
-        await self._notify()
+        self._notify()
         return self._empty_abort(request_id, 0)
 
     async def reload_weights(
@@ -259,9 +259,10 @@ class ServerPool:
     def _ready(self) -> list[_Member]:
         return [m for m in self.members if m.up and m.version == self._version]
 
-    async def _notify(self) -> None:
-        async with self._changed:
-            self._changed.notify_all()
+    def _notify(self) -> None:
+        """Wake every request waiting for a server (they look at the pool again)."""
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
 
     def _event(self, m: _Member, event: str, detail: str = "") -> None:
         self.events.append(PoolEvent(time.time(), m.url, event, detail, self._routed))
@@ -308,9 +309,10 @@ class ServerPool:
                     + ". The episode store is intact: start the servers again, then "
                     "`agentrl train --resume RUN_DIR` continues where this run stopped"
                 )
-            async with self._changed:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._changed.wait(), min(1.0, deadline - now))
+            changed = self._changed
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(min(1.0, deadline - now)):
+                    await changed.wait()
 
     async def _update(self, kind: str, path: str, version: int | None, keep: bool) -> int:
         self._start_health()
@@ -330,7 +332,7 @@ class ServerPool:
                 m.version = new_version
             self._version = new_version
             self._last_update = (kind, path)
-        await self._notify()
+        self._notify()
         return new_version
 
     @staticmethod
@@ -403,7 +405,7 @@ class ServerPool:
             await old.close()
             self._event(m, "up", f"version {m.version}")
             logger.warning("inference server %s is back, at version %d", m.url, m.version)
-            await self._notify()
+            self._notify()
         except (InfraError, OSError) as e:
             m.reason = f"down; the last try to bring it back failed: {e}"[:500]
             m.backoff_s = min(m.backoff_s * 2, _MAX_BACKOFF_S)

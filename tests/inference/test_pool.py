@@ -26,7 +26,7 @@ from agentrl.queue import TrajectoryQueue
 from agentrl.rollout import EpisodeRunner, RolloutConfig, Scheduler, SchedulerConfig, tasks_for
 from agentrl.rollout.controller import RolloutController
 
-pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.timeout(600)]
 
 CONFIG = InferenceConfig(max_model_len=512, kv_cache_memory_bytes=64 * 2**20,
                          max_num_seqs=64, startup_timeout_s=240)  # fmt: skip
@@ -45,6 +45,7 @@ def _episode(request_id: str) -> str:
     return request_id.rsplit("-", 1)[0]
 
 
+@pytest.mark.vllm
 async def test_killed_server_fails_over_restarts_and_catches_up(
     tiny_model: Path, perturbed_weights: Path, tokenizer: Any, tmp_path: Path
 ) -> None:
@@ -122,6 +123,7 @@ async def test_killed_server_fails_over_restarts_and_catches_up(
     assert all(set(t.versions[t.loss_mask.astype(bool)].tolist()) == {1} for t in extra)
 
 
+@pytest.mark.vllm
 async def test_no_server_left_stops_with_a_clear_message(tiny_model: Path, tmp_path: Path) -> None:
     """An external server (not ours: no restart) dies; requests wait, then a clear error."""
     config = dataclasses.replace(CONFIG, model=str(tiny_model))
@@ -141,3 +143,38 @@ async def test_no_server_left_stops_with_a_clear_message(tiny_model: Path, tmp_p
     message = str(err.value)
     assert "no inference server answered for 3 s" in message
     assert server.url in message and "agentrl train --resume" in message
+
+
+async def test_requests_waiting_for_a_server_end_promptly_when_aborted_or_cancelled() -> None:
+    """No server at all (nothing listens): waiting requests obey abort, deadline, cancel."""
+    from agentrl.inference import SamplingConfig
+    from agentrl.inference.server import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"
+    sampling = SamplingConfig(max_tokens=4)
+    async with ServerPool([url], InferenceConfig(), health_interval_s=0.1,
+                          reconnect_timeout_s=2) as pool:  # fmt: skip
+        waiting = asyncio.create_task(pool.generate([1, 2], sampling, "ep-a-0"))
+        await until(lambda: "ep-a-0" in pool.requests.ids() and pool.events, "a waiter", 10)
+        t0 = time.monotonic()
+        aborted = await pool.abort("ep-a-0")
+        gen = await waiting
+        assert aborted is not None and gen.finish_reason == "abort" and not gen.token_ids
+        assert time.monotonic() - t0 < 0.5
+        # 32 at once: each stops after reconnect_timeout_s with the clear error.
+        t0 = time.monotonic()
+        with pytest.raises(ExceptionGroup) as group:
+            async with asyncio.TaskGroup() as tg:
+                for i in range(32):
+                    tg.create_task(pool.generate([1, 2], sampling, f"ep-{i}-0"))
+        assert time.monotonic() - t0 < 10
+        assert all(isinstance(e, EngineError) for e in group.value.exceptions)
+        assert "no inference server answered for 2 s" in str(group.value.exceptions[0])
+        # Cancelling a waiter ends it at once (a task group cancelling its children).
+        waiter = asyncio.create_task(pool.generate([1, 2], sampling, "ep-c-0"))
+        await asyncio.sleep(0.3)
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(waiter, 1.0)
+        assert len(pool.requests) == 0
+    assert pool.describe()[0]["up"] is False
