@@ -311,9 +311,11 @@ def explain_failure(error: BaseException, run_dir: Path) -> BaseException:
             f"The run stopped; its episode store and last checkpoint are intact. Free space "
             f"or make {run_dir} writable, then continue with: {resume}"
         )
-    if isinstance(leaf, InfraError) and "--resume" not in str(leaf):
-        wrapped = InfraError(f"{leaf}. The run stopped; continue it with: {resume}")
-        return wrapped
+    if isinstance(leaf, InfraError):
+        text = str(leaf).replace("RUN_DIR", str(run_dir))
+        if "--resume" not in text:
+            text = f"{text}. The run stopped; continue it with: {resume}"
+        return InfraError(text) if text != str(leaf) else leaf
     return leaf
 
 
