@@ -12,11 +12,12 @@ STAMP := $(VENV)/.agentrl-installed
 # The braces keep pip's exit status (pipefail) while grep may print nothing.
 QUIET_PIP := { grep -v "WARNING: Location '" || true; }
 
-.PHONY: help install demo test bench lint clean
+.PHONY: help install demo test soak bench lint clean
 
 help:
 	@echo "make demo     install, then teach a tiny model to use a calculator: SFT warm start + async RL"
 	@echo "make test     install, then run the whole test suite (real vLLM on CPU)"
+	@echo "make soak     install, then run every fault-injection test, long ones included; prints the fault table"
 	@echo "make bench    install, then run the benchmarks (about 10 minutes on 2 cores)"
 	@echo "make lint     ruff"
 	@echo "make install  create $(VENV) with pinned versions (idempotent)"
@@ -39,6 +40,12 @@ demo: install
 
 test: install
 	$(PY) -m pytest -q -ra --durations=10
+
+# The fast fault tests also run in `make test`; this adds the long ones (-m soak):
+# five SIGKILLs of one run, vllm serve killed, a full disk. About 20 minutes on 2 cores.
+soak: install
+	AGENTRL_FAULT_TABLE=benchmarks/results/soak.md $(PY) -m pytest -q -ra -m "soak or not soak" tests/faults tests/inference/test_pool.py tests/trainer/test_train_kill_resume.py tests/rollout/test_crash_resume.py tests/tools/test_sandbox.py
+	@echo "fault table: benchmarks/results/soak.md"
 
 bench: install
 	$(PY) benchmarks/run_all.py

@@ -76,6 +76,7 @@ def prepare(config_path: str | Path | None, overrides: list[str], *, resume: str
         if config_path is not None:
             raise ConfigError("give either a config file or --resume RUN_DIR, not both")
         config = RunConfig.load(recorded, overrides)
+        _check_resumable(run_dir)
     else:
         if config_path is None:
             raise ConfigError("give a config file: agentrl train CONFIG.toml [--key.sub=value]")
@@ -88,6 +89,21 @@ def prepare(config_path: str | Path | None, overrides: list[str], *, resume: str
             )
     config.check()
     return config, run_dir
+
+
+def _check_resumable(run_dir: Path) -> None:
+    """Refuse, before anything is written, a run directory that cannot be continued."""
+    from agentrl.store import EpisodeStore
+
+    for path in (run_dir, *(run_dir / n for n in ("episodes.db", "metrics.jsonl", "trace.json",
+                                                   "status.json", "checkpoints"))):  # fmt: skip
+        if path.exists() and not os.access(path, os.W_OK):
+            raise RunDirError(
+                f"{path} is not writable (a read-only file system or no permission); nothing "
+                f"was changed. Make {run_dir} writable, then run "
+                f"`agentrl train --resume {run_dir}` again"
+            )
+    EpisodeStore.open(run_dir, create=False).close()  # corrupt, newer schema: StoreError
 
 
 class _Run:

@@ -221,6 +221,13 @@ async def run_tasks(
 def assert_accounted(run: Run, tasks: int, group_size: int = GROUP_SIZE) -> None:
     """Every task's group is complete and every episode and request is accounted for."""
     m = run.counters
+    final_ids = [t.episode_id for t in run.final]
+    if _RECORD:  # the fault table: measured before asserting
+        record, name = _RECORD[-1]
+        complete = sum(g.complete for g in run.groups)
+        record(f"episode fault: {name}", injected=1, survived=int(complete == tasks),
+               lost=max(tasks * group_size - len(set(final_ids)), 0),
+               trained_twice=len(final_ids) - len(set(final_ids)))  # fmt: skip
     assert len(run.groups) == len({g.task.task_id for g in run.groups}) == tasks
     for group in run.groups:
         assert group.complete and group.size == group_size, group.task
@@ -255,6 +262,17 @@ def seed_of(text: str) -> int:
     found = re.search(r"Task (\d+):", text)
     assert found, "the prompt lost the env's first observation"
     return int(found.group(1))
+
+
+_RECORD: list[tuple[Any, str]] = []
+
+
+@pytest.fixture(autouse=True)
+def _fault_row(record_fault: Any, request: pytest.FixtureRequest) -> Iterable[None]:
+    name = request.node.name.removeprefix("test_").replace("_", " ")
+    _RECORD.append((record_fault, name))
+    yield
+    _RECORD.clear()
 
 
 @pytest.fixture(autouse=True)

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -38,7 +39,7 @@ def consumed_steps(db: Path) -> int:
 
 @pytest.mark.vllm
 def test_sigkill_during_training_then_resume_trains_each_task_once(
-    tmp_path: Path, model_cache: Path
+    tmp_path: Path, model_cache: Path, record_fault: Any
 ) -> None:
     out = tmp_path / "run"
     env = {**os.environ, "AGENTRL_CACHE": str(model_cache)}
@@ -74,7 +75,13 @@ def test_sigkill_during_training_then_resume_trains_each_task_once(
     assert any(code == -signal.SIGKILL for _, _, code, _ in kills), kills
 
     done = subprocess.run(resume, env=env, capture_output=True, text=True, timeout=900)
+    with EpisodeStore.open(out, create=False) as store:
+        audit = store.audit()
+    record_fault("SIGKILL of a training script at random moments", injected=len(kills),
+                 survived=len(kills) * int(done.returncode == 0 and audit["ok"]),
+                 lost=len(audit["lost"]), trained_twice=len(audit["trained_twice"]))  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert audit["ok"], (audit["lost"][:5], audit["trained_twice"][:5])
     assert "resumed at step" in done.stdout
     with EpisodeStore.open(out, create=False) as store:
         assert store.integrity_check() == "ok"
