@@ -216,17 +216,45 @@ def quiet_vllm() -> None:
 
 
 def _train(config: str | None, overrides: list[str], resume: str | None) -> int:
+    from pathlib import Path
+
     from agentrl.errors import ConfigError
-    from agentrl.run import explain_failure, prepare, train
+    from agentrl.run import explain_failure, follow, launched_rank, make_accelerator, prepare, train
 
     bad = [o for o in overrides if not o.startswith("--") or "=" not in o]
     if bad:
         raise ConfigError(
             f"unrecognized argument {bad[0]!r}; overrides look like --section.key=value"
         )
+    rank, world = launched_rank()
+    accelerator = None
+    if world > 1:
+        from agentrl.config import RunConfig
+
+        if resume is None and not RunConfig.load(config, overrides).run.out:
+            raise ConfigError(
+                "a run launched on several processes needs run.out (all ranks must agree "
+                "on the run directory): add --run.out=DIR"
+            )
+        from agentrl.models import resolve_model
+
+        # Build the tiny model (if asked for) before torch.distributed starts: once it
+        # has, transformers writes model files only on rank 0.
+        recorded = Path(resume) / "config.toml" if resume is not None else config
+        resolve_model(RunConfig.load(recorded, overrides).model.path)
+        accelerator = make_accelerator()
+        if rank != 0:  # no vLLM, no store, no output: train on what rank 0 broadcasts
+            if resume is not None:
+                cfg = RunConfig.load(Path(resume) / "config.toml", overrides)
+                follow(cfg, Path(resume), True, accelerator)
+            else:
+                cfg = RunConfig.load(config, overrides)
+                follow(cfg, Path(cfg.run.out), False, accelerator)
+            return 0
     cfg, run_dir = prepare(config, overrides, resume=resume)
     try:
-        result = asyncio.run(train(cfg, run_dir, resume=resume is not None))
+        result = asyncio.run(train(cfg, run_dir, resume=resume is not None,
+                                   accelerator=accelerator))  # fmt: skip
     except KeyboardInterrupt:
         print(f"interrupted; continue with: agentrl train --resume {run_dir}", file=sys.stderr)
         return 130

@@ -74,6 +74,10 @@ class InferenceSection:
     health_interval_s: float = 1.0
     max_restarts: int = 3
     """How often agentrl restarts a server it started that died."""
+    weights_dir: str = ""
+    """Where published weights are written for the engine or servers to load; empty: a
+    RAM folder on this machine. Servers on other machines need a folder they can all
+    read at the same path (a shared file system)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,6 +29,7 @@ import logging
 import os
 import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -89,6 +90,47 @@ def prepare(config_path: str | Path | None, overrides: list[str], *, resume: str
             )
     config.check()
     return config, run_dir
+
+
+def launched_rank() -> tuple[int, int]:
+    """(rank, world size) set by ``accelerate launch`` or ``torchrun``; (0, 1) otherwise."""
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def make_accelerator() -> Any:
+    """An ``accelerate.Accelerator`` for this launched process (CPU/gloo without CUDA).
+
+    Its plugins (DDP, FSDP2) come from the ``accelerate launch`` config.
+    """
+    import torch
+    from accelerate import Accelerator
+
+    return Accelerator(cpu=not torch.cuda.is_available())
+
+
+def follow(config: RunConfig, run_dir: Path, resume: bool, accelerator: Any) -> int:
+    """A rank other than 0: the same trainer, fed by rank 0's broadcasts; no vLLM, no store.
+
+    Returns the number of optimizer steps taken.
+    """
+    from agentrl.models import resolve_model
+    from agentrl.trainer.checkpoint import latest_checkpoint, load_checkpoint
+    from agentrl.trainer.distributed import follow as follow_steps
+    from agentrl.trainer.trainer import Trainer
+
+    import_all(config.env.imports)
+    trainer = Trainer(resolve_model(config.model.path), config.trainer_config(),
+                      accelerator=accelerator)  # fmt: skip
+    if resume:
+        folder = latest_checkpoint(run_dir / "checkpoints")
+        if folder is not None:
+            if trainer._sharded():
+                raise ConfigError(
+                    "resuming a run trained with FSDP2 is not supported yet (its optimizer "
+                    "checkpoint is not written); start a new run, or train with DDP"
+                )
+            load_checkpoint(trainer, folder)  # rank 0 loads the same checkpoint
+    return follow_steps(trainer)
 
 
 def _check_resumable(run_dir: Path) -> None:
@@ -257,8 +299,13 @@ async def evaluate(run: _Run, client: Any, tokenizer: Any, label: str, tracer: T
     }  # fmt: skip
 
 
-async def train(config: RunConfig, run_dir: Path, *, resume: bool = False) -> TrainResult:
-    """Run (or continue) the job described by ``config`` in ``run_dir``."""
+async def train(config: RunConfig, run_dir: Path, *, resume: bool = False,
+                accelerator: Any = None) -> TrainResult:  # fmt: skip
+    """Run (or continue) the job described by ``config`` in ``run_dir``.
+
+    ``accelerator``: an ``accelerate.Accelerator`` when launched as rank 0 of several
+    processes (``accelerate launch`` / ``torchrun``); the other ranks run :func:`follow`.
+    """
     from agentrl.models import resolve_model
     from agentrl.store import EpisodeStore
 
@@ -269,6 +316,7 @@ async def train(config: RunConfig, run_dir: Path, *, resume: bool = False) -> Tr
 
         hf_logging.disable_progress_bar()  # "Writing model shards" bars break the display
     run = _Run(config, run_dir, resume)
+    run.components["accelerator"] = accelerator
     model_path = await asyncio.to_thread(resolve_model, config.model.path)
     tracer = Tracer(run_dir / "trace.json" if config.log.trace else None)
     log = MetricsLog(run_dir, tensorboard=config.log.tensorboard, wandb=config.log.wandb,
@@ -370,7 +418,16 @@ async def _train(run: _Run, model_path: str, store: Any, tracer: Tracer, log: Me
     plain = cfg.log.progress == "plain" or (cfg.log.progress == "auto" and display is None)
     say = print if cfg.log.progress != "none" else (lambda *a, **k: None)
     say(f"run directory: {run.run_dir}", flush=True)
-    trainer = await asyncio.to_thread(Trainer, model_path, cfg.trainer_config())
+    trainer = await asyncio.to_thread(Trainer, model_path, cfg.trainer_config(),
+                                      accelerator=run.components.get("accelerator"))  # fmt: skip
+    if trainer._sharded() and (cfg.train.checkpoint_every or run.resume):
+        raise ConfigError(
+            "trainer checkpoints of FSDP2 runs are not written yet (the optimizer state is "
+            "sharded); set train.checkpoint_every = 0, or train with DDP"
+        )
+    if trainer.world > 1:
+        say(f"training on {trainer.world} processes ({trainer.accelerator.distributed_type}); "
+            f"this is rank 0", flush=True)  # fmt: skip
     run.components["trainer"] = trainer
     batch = cfg.batch_size()
 
@@ -394,7 +451,8 @@ async def _train(run: _Run, model_path: str, store: Any, tracer: Tracer, log: Me
         scheduler = Scheduler(runner, queue, cfg.scheduler_config(),
                               version=lambda: trainer.version, metrics=run.metrics,
                               writer=writer, resume=run.resume)  # fmt: skip
-        publisher = WeightPublisher(trainer, controller)
+        weights_dir = await asyncio.to_thread(_weights_dir, cfg.inference.weights_dir)
+        publisher = WeightPublisher(trainer, controller, directory=weights_dir)
         stack.callback(publisher.close)
 
         def on_step(record: StepRecord) -> None:
@@ -438,7 +496,7 @@ async def _train(run: _Run, model_path: str, store: Any, tracer: Tracer, log: Me
                 await loop.run(tasks)
                 result.loop_s = time.perf_counter() - t_loop
                 result.busy = {"generation_s": run.generation_s - gen0, **loop.busy}
-                if trainer.step and (not every or trainer.step % every):
+                if trainer.step and (not every or trainer.step % every) and not trainer._sharded():
                     await asyncio.to_thread(save_checkpoint, trainer, run.run_dir / "checkpoints")
                 await asyncio.to_thread(_save_model, trainer, run.run_dir / "model")
                 if cfg.eval.episodes:
@@ -482,6 +540,14 @@ async def _server_pool(cfg: RunConfig, inference: Any, log_dir: Path,
                       max_restarts=i.max_restarts)  # fmt: skip
 
 
+def _weights_dir(configured: str) -> Path | None:
+    """A folder of our own inside inference.weights_dir (the publisher removes only it)."""
+    if not configured:
+        return None
+    Path(configured).mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix="agentrl-weights-", dir=configured))
+
+
 def _eval_line(ev: dict[str, Any]) -> str:
     return (f"eval {ev['label']} (version {ev['version']}, {ev['episodes']} held-out episodes): "
             f"success {ev['success_rate']:.1%}, tool use {ev['tool_use_rate']:.1%}, "
@@ -492,7 +558,10 @@ def _save_model(trainer: Any, out: Path) -> None:
     """The final weights as a model folder (for a LoRA run: the adapter, with peft's files)."""
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    trainer.unwrapped.save_pretrained(tmp)
+    if trainer.is_lora:
+        trainer.unwrapped.save_pretrained(tmp)
+    else:  # the full weights (under FSDP: gathered at the end of the last step)
+        trainer.unwrapped.save_pretrained(tmp, state_dict=trainer.full_state_dict())
     trainer.tokenizer.save_pretrained(tmp)
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)

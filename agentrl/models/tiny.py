@@ -19,6 +19,7 @@ In: a :class:`TinyModelConfig`. Out: the path of a folder that transformers'
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import hashlib
 import json
 import logging
@@ -172,22 +173,30 @@ def build_tiny_model(
     config = config or TinyModelConfig()
     parent = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     target = parent / f"tiny-{config.architecture}-{config.key()}"
-    if (target / "agentrl-tiny.json").is_file():
+    if _complete(target):
         return target
     parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".building-", dir=parent))
-    try:
-        _write_model(config, staging)
+    # One builder at a time (several processes of one launch start together); the
+    # others wait and then find the finished folder.
+    with open(parent / ".build.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _complete(target):
+            return target
+        staging = Path(tempfile.mkdtemp(prefix=".building-", dir=parent))
         try:
+            _write_model(config, staging)
+            if target.exists():  # a folder left by a builder that was killed
+                shutil.rmtree(target)
             staging.rename(target)
-        except OSError:
-            # Another builder won the race; its output is identical.
-            if not (target / "agentrl-tiny.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     logger.info("built tiny model in %s", target)
     return target
+
+
+def _complete(folder: Path) -> bool:
+    return all((folder / f).is_file() for f in ("agentrl-tiny.json", "config.json",
+                                               "model.safetensors"))  # fmt: skip
 
 
 def _write_model(config: TinyModelConfig, out: Path) -> None:

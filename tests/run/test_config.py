@@ -129,7 +129,9 @@ def test_cli_refuses_a_used_run_dir_and_a_resume_of_nothing(tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize(
-    "path", sorted(EXAMPLES.glob("*/config.toml")), ids=lambda p: p.parent.name
+    "path",
+    sorted([*EXAMPLES.glob("*/config.toml"), *EXAMPLES.glob("scale_out/*.toml")]),
+    ids=lambda p: f"{p.parent.name}/{p.stem}",
 )
 def test_example_configs_are_valid(path: Path) -> None:
     RunConfig.load(path).check()
