@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from agentrl.types import Group
 
@@ -63,6 +63,24 @@ class TrajectoryQueue:
                 raise QueueClosed("put() on a closed TrajectoryQueue")
             self._groups.append(group)
             self.put_total += 1
+            self.high_water = max(self.high_water, len(self._groups))
+            self._changed.notify_all()
+
+    async def put_restored(self, groups: Sequence[Group]) -> None:
+        """Queue groups completed before a restart, ahead of new ones, without waiting.
+
+        They may be more than ``maxsize`` (a run killed repeatedly leaves complete,
+        untrained groups behind each time): the queue holds them all, and new puts wait
+        until the trainer has drained it below ``maxsize``.
+        """
+        async with self._changed:
+            if self._closed:
+                raise QueueClosed("put_restored() on a closed TrajectoryQueue")
+            for group in groups:
+                if not group.complete:
+                    raise ValueError(f"group of task {group.task.task_id!r} is incomplete")
+                self._groups.append(group)
+                self.put_total += 1
             self.high_water = max(self.high_water, len(self._groups))
             self._changed.notify_all()
 

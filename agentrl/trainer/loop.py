@@ -118,8 +118,9 @@ class TrainLoop:
                 await self.publisher.publish(version=self.trainer.version)
         if self.store is not None:
             await asyncio.to_thread(self.store.rollback_consumed, step)
-            for group in await asyncio.to_thread(self.store.untrained_groups):
-                await self.queue.put(group)
+            # All of them, even more than the queue's bound: nothing is running yet to
+            # drain it, so waiting for room here would never end.
+            await self.queue.put_restored(await asyncio.to_thread(self.store.untrained_groups))
         return step
 
     async def run(self, tasks: Iterable[Task]) -> list[StepRecord]:

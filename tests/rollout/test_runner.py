@@ -196,3 +196,20 @@ async def test_an_engine_failure_stops_the_run_with_an_infra_error(tokenizer) ->
     errors = info.value.exceptions
     assert all(isinstance(e, InfraError) for e in errors)
     assert "engine process died" in str(errors[0]) and "the run stops" in str(errors[0])
+
+
+async def test_restored_groups_beyond_the_bound_are_queued_and_new_puts_wait() -> None:
+    """A run killed repeatedly can leave more untrained groups than the queue holds."""
+    from tests.trainer.test_checkpoint import synthetic_groups
+
+    queue = TrajectoryQueue(2)
+    restored = synthetic_groups(0, groups=5, size=2)
+    await asyncio.wait_for(queue.put_restored(restored), 1.0)  # no room needed
+    assert len(queue) == 5 and queue.high_water == 5
+    late = asyncio.create_task(queue.put(synthetic_groups(1, groups=1, size=2)[0]))
+    await asyncio.sleep(0.05)
+    assert not late.done(), "a new group waits until the restored ones drain below the bound"
+    got = await queue.get_batch(4)
+    assert [g.task.task_id for g in got] == [g.task.task_id for g in restored[:4]]
+    await asyncio.wait_for(late, 1.0)
+    assert len(queue) == 2
