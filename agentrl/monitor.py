@@ -170,7 +170,21 @@ def headline(status: Mapping[str, Any]) -> list[tuple[str, str]]:
         ("time", f"generating {t.get('generation_s', 0.0) / wall:.0%}  training "
                  f"{t.get('training_s', 0.0) / wall:.0%}  weight sync "
                  f"{t.get('publish_s', 0.0) / wall:.0%}  of {wall:.0f} s"),
+        *_servers(status.get("servers") or []),
     ]  # fmt: skip
+
+
+def _servers(servers: list[Mapping[str, Any]]) -> list[tuple[str, str]]:
+    """One line for the inference servers: how many are up, and why any is not."""
+    if not servers:
+        return []
+    up = [s for s in servers if s.get("up")]
+    parts = [f"{len(up)}/{len(servers)} up"]
+    parts += [f"{s['url']}: {s.get('in_flight', 0)} in flight, v{s.get('version', 0)}"
+              for s in up]  # fmt: skip
+    parts += [f"{s['url']} DOWN ({str(s.get('reason', ''))[:80]})" for s in servers
+              if not s.get("up")]  # fmt: skip
+    return [("servers", "  |  ".join(parts))]
 
 
 def render(status: Mapping[str, Any], *, episodes: bool = True, limit: int = 30) -> Any:
@@ -226,7 +240,13 @@ def plain_line(status: Mapping[str, Any]) -> str:
         f"in flight {status.get('in_flight', 0)}  errors "
         f"{sum(status.get('errors', {}).values())}  gen/train "
         f"{t.get('generation_s', 0.0):.0f}s/{t.get('training_s', 0.0):.0f}s"
+        + _servers_up(status.get("servers") or [])
     )
+
+
+def _servers_up(servers: list[Mapping[str, Any]]) -> str:
+    up = sum(bool(s.get("up")) for s in servers)
+    return f"  servers {up}/{len(servers)} up" if servers and up < len(servers) else ""
 
 
 def top(run_dir: Path, *, once: bool = False, interval_s: float = 0.5) -> int:

@@ -199,6 +199,7 @@ class _Run:
                      "training_s": busy.get("train_s", 0.0),
                      "publish_s": busy.get("publish_s", 0.0)},
             "eval": self.evals, "episodes": live,
+            "servers": c["pool"].describe() if c.get("pool") is not None else [],
         }  # fmt: skip
 
     async def ticker(self, display: Any) -> None:

@@ -178,3 +178,10 @@ async def test_requests_waiting_for_a_server_end_promptly_when_aborted_or_cancel
             await asyncio.wait_for(waiter, 1.0)
         assert len(pool.requests) == 0
     assert pool.describe()[0]["up"] is False
+    # What `agentrl top` and the plain progress lines show about it.
+    from agentrl.monitor import headline, plain_line
+
+    status = {"servers": pool.describe()}
+    label, line = headline(status)[-1]
+    assert label == "servers" and line.startswith("0/1 up") and f"{url} DOWN (" in line
+    assert plain_line(status).endswith("servers 0/1 up")
