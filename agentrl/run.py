@@ -146,6 +146,36 @@ def _check_resumable(run_dir: Path) -> None:
                 f"`agentrl train --resume {run_dir}` again"
             )
     EpisodeStore.open(run_dir, create=False).close()  # corrupt, newer schema: StoreError
+    _warn_leftover_engine(run_dir)
+
+
+def _warn_leftover_engine(run_dir: Path) -> None:
+    """Say so when the killed run's vLLM engine process still lives (it holds memory).
+
+    A SIGKILLed `agentrl train` cannot stop its engine process, which lives on in the
+    killed process's group. Killing by a recorded PID could hit an unrelated process
+    that reused it, so this only tells the user.
+    """
+    import json
+
+    try:
+        pid = int(json.loads((run_dir / "status.json").read_text())["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    try:
+        os.kill(pid, 0)
+        return  # the leader lives: a run still going, or an unrelated process
+    except ProcessLookupError:
+        pass
+    except PermissionError:
+        return
+    try:
+        os.killpg(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return
+    print(f"agentrl: warning: the previous run (pid {pid}) is gone but processes of its "
+          f"group still run (vLLM's engine, holding memory); if they are yours, end them "
+          f"with: kill -9 -{pid}", file=sys.stderr, flush=True)  # fmt: skip
 
 
 class _Run:

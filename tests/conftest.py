@@ -132,3 +132,13 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     if target:
         Path(target).parent.mkdir(parents=True, exist_ok=True)
         Path(target).write_text(table + "\n")
+
+
+@pytest.fixture(autouse=True)
+def _end_test_processes() -> Any:
+    """Kill whatever a test's Proc subprocesses left running (their process groups)."""
+    yield
+    from tests.faults.harness import Proc
+
+    while Proc.live:
+        Proc.live.pop().kill()

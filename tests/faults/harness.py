@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sqlite3
@@ -11,7 +12,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from agentrl.store import EpisodeStore
 
@@ -48,13 +49,21 @@ def digits_config(tmp_path: Path, steps: int = 8) -> Path:
 
 
 class Proc:
-    """An `agentrl ...` (or any) subprocess in its own session, output in a log file."""
+    """An `agentrl ...` (or any) subprocess in its own session, output in a log file.
+
+    Its whole process group is ended when it ends (a SIGKILLed `agentrl train` leaves
+    vLLM's engine process behind in its group) and at the end of the test (the
+    ``_end_test_processes`` fixture), whatever happened.
+    """
+
+    live: ClassVar[list[Proc]] = []
 
     def __init__(self, args: Sequence[str], log: Path, env: dict[str, str] | None = None) -> None:
         self.log_path = log
         with open(log, "ab") as out:
             self.proc = subprocess.Popen(list(args), stdout=out, stderr=subprocess.STDOUT,
                                          env=env, start_new_session=True)  # fmt: skip
+        Proc.live.append(self)
 
     @property
     def pid(self) -> int:
@@ -65,7 +74,9 @@ class Proc:
 
     def wait(self, timeout_s: float) -> int:
         try:
-            return self.proc.wait(timeout_s)
+            rc = self.proc.wait(timeout_s)
+            self._end_group()
+            return rc
         except subprocess.TimeoutExpired:
             self.kill()
             raise AssertionError(f"{self.log_path.name}: still running after {timeout_s} s; "
@@ -73,11 +84,13 @@ class Proc:
 
     def kill(self) -> None:
         """SIGKILL the whole process group (the process and every child it started)."""
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        self._end_group()
         self.proc.wait()
+        self._end_group()
+
+    def _end_group(self) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
 
     def text(self) -> str:
         return self.log_path.read_text(errors="replace")

@@ -11,6 +11,7 @@ trained twice and no trajectory was lost.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 from pathlib import Path
@@ -78,3 +79,44 @@ def test_five_kills_at_five_moments_then_resume_loses_nothing(
     assert end["trained_tasks"] == STEPS * 4  # groups_per_step
     assert progress == sorted(progress), f"training went backwards: {progress}"
     assert f"done: {STEPS} steps" in final.text()
+
+
+def test_resume_warns_when_the_killed_runs_engine_process_lives_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A SIGKILLed run cannot stop its engine child: --resume says so and how to end it."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from agentrl.run import _warn_leftover_engine
+
+    # a group leader with a child that outlives it, as `agentrl train` and vLLM's engine
+    leader = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess, sys, time; "
+         "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+         "time.sleep(60)"], start_new_session=True)  # fmt: skip
+    try:
+        (tmp_path / "status.json").write_text(json.dumps({"pid": leader.pid}))
+        _warn_leftover_engine(tmp_path)
+        assert capsys.readouterr().err == "", "the run itself still lives: no warning"
+        time.sleep(0.5)  # let the child start
+        os.kill(leader.pid, signal.SIGKILL)
+        leader.wait()
+        _warn_leftover_engine(tmp_path)
+        err = capsys.readouterr().err
+        assert f"the previous run (pid {leader.pid}) is gone" in err
+        assert f"kill -9 -{leader.pid}" in err
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(leader.pid, signal.SIGKILL)
+    for _ in range(50):  # the orphan is reaped by init shortly after
+        try:
+            os.killpg(leader.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    _warn_leftover_engine(tmp_path)
+    assert capsys.readouterr().err == "", "nothing left: no warning"
