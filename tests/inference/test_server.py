@@ -66,5 +66,6 @@ async def test_server_that_dies_at_startup_shows_its_log(tmp_path: Path) -> None
     broken = tmp_path / "broken-model"
     broken.mkdir()
     (broken / "config.json").write_text('{"model_type": "not-a-real-architecture"}')
+    (broken / "model.safetensors").write_bytes(b"not weights")  # passes agentrl's checks
     with pytest.raises(EngineStartupError, match="exited with code"):
         await VLLMServer.start(InferenceConfig(model=str(broken)), log_dir=tmp_path)
