@@ -58,7 +58,6 @@ class _Member:
     client: VLLMServerClient
     server: VLLMServer | None = None
     up: bool = True
-    version: int = 0
     load: int = 0
     failed_checks: int = 0
     backoff_s: float = _FIRST_BACKOFF_S
@@ -66,6 +65,11 @@ class _Member:
     reason: str = ""
     recovering: asyncio.Task[None] | None = None
     gave_up: bool = False
+
+    @property
+    def version(self) -> int:
+        """The version of the weights this server holds (its client sets it on a load)."""
+        return self.client.version
 
 
 @dataclasses.dataclass(frozen=True)
@@ -329,7 +333,6 @@ class ServerPool:
                         self._down(m, f"weight update failed: {result}")
                         continue  # it catches up when it is back
                     raise result
-                m.version = new_version
             self._version = new_version
             self._last_update = (kind, path)
         self._notify()
@@ -398,8 +401,7 @@ class ServerPool:
                 except BaseException:
                     await fresh.close()
                     raise
-                old, m.client = m.client, fresh
-                m.version = self._version
+                old, m.client = m.client, fresh  # at self._version now
                 m.up, m.reason, m.failed_checks = True, "", 0
                 m.backoff_s = _FIRST_BACKOFF_S
             await old.close()
