@@ -1,0 +1,480 @@
+"""``EpisodeStore``: reading and writing the run's record (tasks, episodes, training).
+
+Owns the one SQLite connection of a store, its lock and its write transactions, and
+every read and write of runs, tasks, episodes, checkpoints (partials), trajectories,
+groups, consumption by the trainer, and weight versions. Takes and returns the types of
+:mod:`agentrl.types`. The schema, codecs and row decoders live in
+:mod:`agentrl.store.schema`; the audit and the statistics in :mod:`agentrl.store.audit`;
+batched writing off the event loop in :mod:`agentrl.store.writer`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from agentrl.errors import StoreError
+from agentrl.store.audit import audit_store, store_stats
+from agentrl.store.schema import (
+    ARRAY_DTYPES,
+    RUN_ORIGIN,
+    STORE_FILE,
+    connect,
+    dump_json,
+    encode_array,
+    ended_run_episode,
+    partial_from_row,
+    task_from_row,
+    trajectory_from_row,
+    trajectory_meta,
+)
+from agentrl.types import Group, PartialEpisode, Task, Trajectory
+
+
+class EpisodeStore:
+    """The run's durable record. Open with :meth:`open`; close with :meth:`close`.
+
+    Raises:
+        StoreError: the file is not an agentrl store, is corrupt, or was written by a
+            newer agentrl (names the file and what to do).
+    """
+
+    def __init__(self, connection: sqlite3.Connection, path: Path) -> None:
+        self._db = connection
+        self.path = path
+        self._lock = threading.RLock()
+        self._depth = 0
+
+    # -- opening -----------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, path: str | Path, *, create: bool = True) -> EpisodeStore:
+        """Open the store at ``path`` (a file, or a run directory holding ``episodes.db``)."""
+        path = Path(path)
+        if path.is_dir() or (not path.suffix and not path.exists()):
+            path = path / STORE_FILE
+        if not path.exists():
+            if not create:
+                raise StoreError(f"no episode store at {str(path)!r}; is this a run directory?")
+            path.parent.mkdir(parents=True, exist_ok=True)
+        writable = os.access(path.parent, os.W_OK) and (
+            not path.exists() or os.access(path, os.W_OK)
+        )
+        if create and not writable:
+            raise StoreError(
+                f"the episode store {str(path)!r} is not writable (a read-only file system or "
+                f"no permission); nothing was changed. Make {str(path.parent)!r} writable, "
+                f"then run the command again"
+            )
+        return cls(connect(path), path)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def __enter__(self) -> EpisodeStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextlib.contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction (nested calls join it); failures become StoreError."""
+        with self._lock:
+            if self._depth:
+                self._depth += 1
+                try:
+                    yield self._db
+                finally:
+                    self._depth -= 1
+                return
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                self._depth = 1
+                try:
+                    yield self._db
+                except BaseException:
+                    # SQLite may have rolled back already (a full disk can): a second
+                    # ROLLBACK would fail and hide the error that matters
+                    if self._db.in_transaction:
+                        self._db.execute("ROLLBACK")
+                    raise
+                finally:
+                    self._depth = 0
+                self._db.execute("COMMIT")
+            except sqlite3.OperationalError as e:
+                raise StoreError(
+                    f"writing the episode store {str(self.path)!r} failed: {e}; check that its "
+                    f"directory is writable and the disk has space, then rerun with --resume"
+                ) from e
+
+    def batch(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+        """Group several writes into one transaction: ``with store.batch(): ...``."""
+        return self._tx()
+
+    def _query(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            cur = self._db.execute(sql, args)
+            cur.row_factory = sqlite3.Row
+            return cur.fetchall()
+
+    def integrity_check(self) -> str:
+        """SQLite's ``PRAGMA integrity_check`` ('ok' when the file is sound)."""
+        return str(self._query("PRAGMA integrity_check")[0][0])
+
+    # -- runs and tasks ----------------------------------------------------------------
+
+    def begin_run(self, kind: str, config: dict[str, Any]) -> int:
+        """Record a start (or restart) of the run with its config; return its id."""
+        with self._tx() as db:
+            cur = db.execute(
+                "INSERT INTO runs (kind, started_at, config) VALUES (?, ?, ?)",
+                (kind, time.time(), dump_json(config)),
+            )
+            return int(cur.lastrowid or 0)
+
+    def runs(self) -> list[dict[str, Any]]:
+        rows = self._query("SELECT * FROM runs ORDER BY run_id")
+        return [{**dict(r), "config": json.loads(r["config"])} for r in rows]
+
+    def first_config(self) -> dict[str, Any] | None:
+        rows = self._query("SELECT config FROM runs ORDER BY run_id LIMIT 1")
+        return json.loads(rows[0]["config"]) if rows else None
+
+    def add_tasks(self, tasks: Iterable[Task], group_size: int) -> int:
+        """Record tasks (known ones are left as they are); return how many were new."""
+        with self._tx() as db:
+            position = db.execute("SELECT COALESCE(MAX(position), -1) FROM tasks").fetchone()[0]
+            added = 0
+            for task in tasks:
+                cur = db.execute(
+                    "INSERT OR IGNORE INTO tasks (task_id, position, env_id, seed, options, "
+                    "env_kwargs, group_size) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (task.task_id, position + 1, task.env_id, task.seed,
+                     None if task.options is None else dump_json(task.options),
+                     dump_json(task.env_kwargs), group_size),
+                )  # fmt: skip
+                if cur.rowcount:
+                    position += 1
+                    added += 1
+            return added
+
+    def tasks(self, state: str | None = None) -> list[Task]:
+        """Tasks in the order they were added (optionally only those in ``state``)."""
+        sql = "SELECT * FROM tasks" + (" WHERE state = ?" if state else "") + " ORDER BY position"
+        return [task_from_row(r) for r in self._query(sql, (state,) if state else ())]
+
+    def task_states(self) -> dict[str, str]:
+        return {r["task_id"]: r["state"] for r in self._query("SELECT task_id, state FROM tasks")}
+
+    def group_size(self, task_id: str) -> int:
+        rows = self._query("SELECT group_size FROM tasks WHERE task_id = ?", (task_id,))
+        if not rows:
+            raise KeyError(f"task {task_id!r} is not in the store")
+        return int(rows[0]["group_size"])
+
+    # -- episodes ----------------------------------------------------------------------
+
+    def episode_started(self, episode_id: str, task: Task, attempt: int, version: int) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO episodes (episode_id, attempt, task_id, env_id, state, "
+                "started_version, updated_at) VALUES (?, ?, ?, ?, 'running', ?, ?) "
+                "ON CONFLICT (episode_id, attempt) DO UPDATE SET state = 'running', "
+                "updated_at = excluded.updated_at",
+                (episode_id, attempt, task.task_id, task.env_id, version, time.time()),
+            )
+
+    def save_partials(self, partials: Sequence[PartialEpisode]) -> None:
+        """Checkpoint unfinished episodes, all in one transaction (replacing older ones)."""
+        if not partials:
+            return
+        now = time.time()
+        with self._tx() as db:
+            for p in partials:
+                arrays = p.concatenated()
+                db.execute(
+                    "INSERT OR REPLACE INTO partials (episode_id, attempt, version, written_at, "
+                    "token_ids, logprobs, versions, loss_mask, meta) VALUES (?,?,?,?,?,?,?,?,?)",
+                    (p.episode_id, p.attempt, p.version, now,
+                     *(encode_array(arrays[k], d) for k, d in ARRAY_DTYPES.items()),
+                     dump_json(p.meta())),
+                )  # fmt: skip
+                db.execute(
+                    "UPDATE episodes SET state = 'paused', updated_at = ? "
+                    "WHERE episode_id = ? AND attempt = ?",
+                    (now, p.episode_id, p.attempt),
+                )
+
+    def partial(self, episode_id: str) -> PartialEpisode | None:
+        rows = self._query("SELECT * FROM partials WHERE episode_id = ?", (episode_id,))
+        return partial_from_row(rows[0]) if rows else None
+
+    def partials(self) -> list[PartialEpisode]:
+        rows = self._query("SELECT * FROM partials ORDER BY written_at")
+        return [partial_from_row(r) for r in rows]
+
+    def save_episode(
+        self,
+        trajectories: Sequence[Trajectory],
+        *,
+        retried: bool = False,
+        origin: str = RUN_ORIGIN,
+    ) -> None:
+        """Record an ended episode attempt (all its segments) and drop its checkpoint.
+
+        ``retried``: a failed attempt that will be run again (kept for the record, never
+        trained). ``origin``: ``run``, or ``replay`` for episodes resumed or forked while
+        debugging (never trained, never part of a group).
+        """
+        first = trajectories[0]
+        now = time.time()
+        state = "retried" if retried else first.status
+        with self._tx() as db:
+            for t in trajectories:
+                sampled = t.versions[t.loss_mask.astype(bool)]
+                db.execute(
+                    "INSERT OR REPLACE INTO trajectories (episode_id, attempt, segment, task_id, "
+                    "env_id, status, reward, min_version, max_version, num_tokens, num_sampled, "
+                    "token_ids, logprobs, versions, loss_mask, meta, created_at) "
+                    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    (t.episode_id, t.attempt, t.segment, t.task_id, t.env_id, t.status, t.reward,
+                     int(sampled.min()) if len(sampled) else -1,
+                     int(sampled.max()) if len(sampled) else -1, len(t), t.num_sampled,
+                     *(encode_array(getattr(t, k), d) for k, d in ARRAY_DTYPES.items()),
+                     dump_json(trajectory_meta(t)), now),
+                )  # fmt: skip
+            db.execute(
+                "INSERT INTO episodes (episode_id, attempt, task_id, env_id, state, "
+                "started_version, updated_at, reward, reason, origin) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?) "
+                "ON CONFLICT (episode_id, attempt) DO UPDATE SET state = excluded.state, "
+                "updated_at = excluded.updated_at, reward = excluded.reward, "
+                "reason = excluded.reason",
+                (first.episode_id, first.attempt, first.task_id, first.env_id, state,
+                 first.min_version(), now, first.reward, first.reason, origin),
+            )  # fmt: skip
+            db.execute("DELETE FROM partials WHERE episode_id = ?", (first.episode_id,))
+
+    def drop_episode(self, episode_id: str, attempt: int, reason: str) -> None:
+        """Record that an unfinished attempt was discarded (it will be run again)."""
+        with self._tx() as db:
+            db.execute(
+                "UPDATE episodes SET state = 'dropped', reason = ?, updated_at = ? "
+                "WHERE episode_id = ? AND attempt = ?",
+                (reason, time.time(), episode_id, attempt),
+            )
+            db.execute("DELETE FROM partials WHERE episode_id = ?", (episode_id,))
+
+    def ended_episodes(self, task_id: str) -> dict[str, list[Trajectory]]:
+        """The final (not retried) trajectories of a task's ended episodes, by episode id."""
+        rows = self._query(
+            "SELECT t.* FROM trajectories t JOIN episodes e ON e.episode_id = t.episode_id "
+            f"AND e.attempt = t.attempt WHERE t.task_id = ? AND {ended_run_episode('e')} "
+            "ORDER BY t.episode_id, t.segment",
+            (task_id,),
+        )
+        out: dict[str, list[Trajectory]] = {}
+        for r in rows:
+            out.setdefault(r["episode_id"], []).append(trajectory_from_row(r))
+        return out
+
+    def next_attempt(self, episode_id: str) -> int:
+        rows = self._query(
+            "SELECT COALESCE(MAX(attempt) + 1, 0) AS n FROM episodes WHERE episode_id = ?",
+            (episode_id,),
+        )
+        return int(rows[0]["n"])
+
+    def episodes(
+        self,
+        *,
+        state: str | Sequence[str] | None = None,
+        env_id: str | None = None,
+        min_reward: float | None = None,
+        max_reward: float | None = None,
+        min_version_span: int | None = None,
+        limit: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """Episode attempts with their state and token summary, filtered."""
+        where, args = _episode_filter(state, env_id, min_reward, max_reward)
+        sql = (
+            "SELECT e.*, COALESCE(SUM(t.num_tokens), 0) AS tokens, "
+            "COALESCE(SUM(t.num_sampled), 0) AS sampled, MIN(NULLIF(t.min_version, -1)) AS "
+            "v_min, MAX(t.max_version) AS v_max, p.version AS paused_version "
+            "FROM episodes e LEFT JOIN trajectories t ON t.episode_id = e.episode_id "
+            "AND t.attempt = e.attempt LEFT JOIN partials p ON p.episode_id = e.episode_id "
+            "AND p.attempt = e.attempt"
+            + (" WHERE " + " AND ".join(where) if where else "")
+            + " GROUP BY e.episode_id, e.attempt ORDER BY e.updated_at"
+        )
+        rows = [dict(r) for r in self._query(sql, args)]
+        for r in rows:
+            if r["state"] in ("running", "paused"):
+                self._summarize_unfinished(r)
+        if min_version_span is not None:
+            rows = [
+                r for r in rows
+                if r["v_min"] is not None and r["v_max"] - r["v_min"] >= min_version_span
+            ]  # fmt: skip
+        return rows[:limit] if limit is not None else rows
+
+    def _summarize_unfinished(self, row: dict[str, Any]) -> None:
+        """Fill an unfinished episode's token summary from its checkpoint, if it has one."""
+        p = self.partial(row["episode_id"])
+        if p is None or p.attempt != row["attempt"]:
+            return
+        arrays = p.concatenated()
+        mask = arrays["loss_mask"].astype(bool)
+        row["tokens"], row["sampled"] = len(arrays["token_ids"]), int(mask.sum())
+        v = arrays["versions"][mask]
+        row["v_min"], row["v_max"] = (int(v.min()), int(v.max())) if len(v) else (None, None)
+
+    def trajectories(self, episode_id: str, attempt: int | None = None) -> list[Trajectory]:
+        """An episode's segments (its latest attempt unless ``attempt`` is given)."""
+        if attempt is None:
+            attempt = self.next_attempt(episode_id) - 1
+        rows = self._query(
+            "SELECT * FROM trajectories WHERE episode_id = ? AND attempt = ? ORDER BY segment",
+            (episode_id, attempt),
+        )
+        return [trajectory_from_row(r) for r in rows]
+
+    def all_trajectories(self, *, include_retried: bool = False) -> Iterator[Trajectory]:
+        sql = (
+            "SELECT t.* FROM trajectories t JOIN episodes e ON e.episode_id = t.episode_id "
+            "AND e.attempt = t.attempt"
+            + ("" if include_retried else f" WHERE {ended_run_episode('e')}")
+            + " ORDER BY t.traj_id"
+        )
+        for r in self._query(sql):
+            yield trajectory_from_row(r)
+
+    # -- groups and training ------------------------------------------------------------
+
+    def complete_group(self, group: Group) -> None:
+        """Mark a task's group complete (all its episodes ended): ready to train."""
+        with self._tx() as db:
+            db.execute(
+                "UPDATE tasks SET state = 'complete' WHERE task_id = ? AND state = 'pending'",
+                (group.task.task_id,),
+            )
+
+    def untrained_groups(self) -> list[Group]:
+        """Complete groups whose trajectories the trainer has not consumed, in task order."""
+        groups = []
+        for task in self.tasks(state="complete"):
+            episodes = self.ended_episodes(task.task_id)
+            trajectories = [t for ts in episodes.values() for t in ts]
+            groups.append(Group(task, self.group_size(task.task_id), trajectories))
+        return groups
+
+    def mark_consumed(self, groups: Sequence[Group], step: int) -> None:
+        """Record that the trainer used these groups in optimizer step ``step``."""
+        now = time.time()
+        with self._tx() as db:
+            for group in groups:
+                row = db.execute(
+                    "SELECT state FROM tasks WHERE task_id = ?", (group.task.task_id,)
+                ).fetchone()
+                if row is None or row[0] != "complete":
+                    raise ValueError(
+                        f"task {group.task.task_id!r} cannot be trained at step {step}: its "
+                        f"state is {row[0] if row else 'unknown'!r} (only complete, untrained "
+                        f"groups can be consumed, and only once)"
+                    )
+                db.execute(
+                    "INSERT INTO consumed (traj_id, step, at) SELECT t.traj_id, ?, ? FROM "
+                    "trajectories t JOIN episodes e ON e.episode_id = t.episode_id AND "
+                    f"e.attempt = t.attempt WHERE t.task_id = ? AND {ended_run_episode('e')}",
+                    (step, now, group.task.task_id),
+                )
+                db.execute(
+                    "UPDATE tasks SET state = 'trained' WHERE task_id = ?", (group.task.task_id,)
+                )
+
+    def rollback_consumed(self, step: int) -> int:
+        """Forget consumption recorded after optimizer step ``step``; return groups reopened.
+
+        A resumed trainer restores its last checkpoint (at ``step``); steps after it
+        never happened as far as the model knows, so their groups are trained again.
+        """
+        with self._tx() as db:
+            cur = db.execute(
+                "UPDATE tasks SET state = 'complete' WHERE state = 'trained' AND task_id IN "
+                "(SELECT t.task_id FROM consumed c JOIN trajectories t ON t.traj_id = c.traj_id "
+                "WHERE c.step > ?)",
+                (step,),
+            )
+            db.execute("DELETE FROM consumed WHERE step > ?", (step,))
+            return cur.rowcount
+
+    def consumed(self) -> list[dict[str, Any]]:
+        rows = self._query(
+            "SELECT c.step, c.traj_id, t.task_id, t.episode_id, t.segment FROM consumed c "
+            "JOIN trajectories t ON t.traj_id = c.traj_id ORDER BY c.step, c.traj_id"
+        )
+        return [dict(r) for r in rows]
+
+    def last_step(self) -> int:
+        rows = self._query("SELECT COALESCE(MAX(step), -1) AS s FROM consumed")
+        return int(rows[0]["s"])
+
+    # -- versions ----------------------------------------------------------------------
+
+    def record_version(
+        self, version: int, kind: str, source: str, stats: dict[str, Any] | None = None
+    ) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO versions (version, published_at, kind, source, stats) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (version, time.time(), kind, source, dump_json(stats or {})),
+            )
+
+    def versions(self) -> list[dict[str, Any]]:
+        rows = self._query("SELECT * FROM versions ORDER BY version")
+        return [{**dict(r), "stats": json.loads(r["stats"])} for r in rows]
+
+    # -- accounting (see agentrl.store.audit) ----------------------------------------------
+
+    def audit(self) -> dict[str, Any]:
+        """Account for every task; see :func:`agentrl.store.audit.audit_store`."""
+        return audit_store(self)
+
+    def stats(self) -> dict[str, Any]:
+        """Counts by state and the bytes the token arrays take."""
+        return store_stats(self)
+
+
+def _episode_filter(
+    state: str | Sequence[str] | None,
+    env_id: str | None,
+    min_reward: float | None,
+    max_reward: float | None,
+) -> tuple[list[str], list[Any]]:
+    """The WHERE conditions (on ``episodes e``) and their arguments for :meth:`episodes`."""
+    where: list[str] = []
+    args: list[Any] = []
+    if state is not None:
+        states = [state] if isinstance(state, str) else list(state)
+        where.append(f"e.state IN ({','.join('?' * len(states))})")
+        args.extend(states)
+    if env_id is not None:
+        where.append("e.env_id = ?")
+        args.append(env_id)
+    if min_reward is not None:
+        where.append("e.reward >= ?")
+        args.append(min_reward)
+    if max_reward is not None:
+        where.append("e.reward <= ?")
+        args.append(max_reward)
+    return where, args

@@ -1,0 +1,279 @@
+"""The episode store's on-disk format: schema, connection, codecs and row decoders.
+
+Owns the SQL schema and its version (SQLite's ``user_version``), opening a connection
+with the store's pragmas (WAL, ``synchronous=NORMAL``, foreign keys), the encoding of
+token arrays (raw little-endian numpy bytes: int32 ids, float32 logprobs, int32
+versions, int8 loss mask, 13 bytes per token) and of everything else (JSON), and the
+decoding of rows back into :class:`~agentrl.types.Task`,
+:class:`~agentrl.types.Trajectory` and :class:`~agentrl.types.PartialEpisode`.
+It also names, once, which episodes count: the SQL filters :func:`run_episode` and
+:func:`ended_run_episode`. Nothing is pickled, so opening a store never executes code.
+
+It does not read or write rows itself; :class:`~agentrl.store.EpisodeStore` does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any, get_args
+
+import numpy as np
+
+from agentrl.errors import StoreError
+from agentrl.types import (
+    EpisodeStatus,
+    PartialEpisode,
+    SegmentArrays,
+    Task,
+    Timings,
+    TokenSpan,
+    Trajectory,
+)
+
+SCHEMA_VERSION = 1
+STORE_FILE = "episodes.db"
+
+# An episode attempt in one of these states has ended for good: it counts towards its
+# group and is trained (the others, running/paused/retried/dropped, are on their way or
+# superseded). They are exactly the statuses a trajectory can end with.
+FINAL_STATES: tuple[str, ...] = get_args(EpisodeStatus)
+RUN_ORIGIN = "run"  # episodes of the run; 'replay' ones were made while debugging
+
+SCHEMA_SQL = """
+CREATE TABLE IF NOT EXISTS runs (
+    run_id INTEGER PRIMARY KEY,
+    kind TEXT NOT NULL,
+    started_at REAL NOT NULL,
+    config TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS tasks (
+    task_id TEXT PRIMARY KEY,
+    position INTEGER NOT NULL,
+    env_id TEXT NOT NULL,
+    seed INTEGER,
+    options TEXT,
+    env_kwargs TEXT NOT NULL,
+    group_size INTEGER NOT NULL,
+    state TEXT NOT NULL DEFAULT 'pending'
+);
+CREATE TABLE IF NOT EXISTS episodes (
+    episode_id TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    task_id TEXT NOT NULL REFERENCES tasks(task_id),
+    env_id TEXT NOT NULL,
+    state TEXT NOT NULL,
+    started_version INTEGER NOT NULL,
+    updated_at REAL NOT NULL,
+    reward REAL,
+    reason TEXT NOT NULL DEFAULT '',
+    origin TEXT NOT NULL DEFAULT 'run',
+    PRIMARY KEY (episode_id, attempt)
+);
+CREATE INDEX IF NOT EXISTS episodes_by_task ON episodes(task_id);
+CREATE TABLE IF NOT EXISTS partials (
+    episode_id TEXT PRIMARY KEY,
+    attempt INTEGER NOT NULL,
+    version INTEGER NOT NULL,
+    written_at REAL NOT NULL,
+    token_ids BLOB NOT NULL,
+    logprobs BLOB NOT NULL,
+    versions BLOB NOT NULL,
+    loss_mask BLOB NOT NULL,
+    meta TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS trajectories (
+    traj_id INTEGER PRIMARY KEY,
+    episode_id TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    segment INTEGER NOT NULL,
+    task_id TEXT NOT NULL,
+    env_id TEXT NOT NULL,
+    status TEXT NOT NULL,
+    reward REAL NOT NULL,
+    min_version INTEGER NOT NULL,
+    max_version INTEGER NOT NULL,
+    num_tokens INTEGER NOT NULL,
+    num_sampled INTEGER NOT NULL,
+    token_ids BLOB NOT NULL,
+    logprobs BLOB NOT NULL,
+    versions BLOB NOT NULL,
+    loss_mask BLOB NOT NULL,
+    meta TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    UNIQUE (episode_id, attempt, segment)
+);
+CREATE INDEX IF NOT EXISTS trajectories_by_task ON trajectories(task_id);
+CREATE TABLE IF NOT EXISTS consumed (
+    traj_id INTEGER PRIMARY KEY REFERENCES trajectories(traj_id),
+    step INTEGER NOT NULL,
+    at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS versions (
+    version INTEGER PRIMARY KEY,
+    published_at REAL NOT NULL,
+    kind TEXT NOT NULL,
+    source TEXT NOT NULL,
+    stats TEXT NOT NULL
+);
+"""
+
+ARRAY_DTYPES = {"token_ids": "int32", "logprobs": "float32", "versions": "int32",
+                "loss_mask": "int8"}  # fmt: skip
+
+
+# -- which episodes count ---------------------------------------------------------------
+
+
+def run_episode(alias: str = "e") -> str:
+    """SQL condition: the ``episodes`` row ``alias`` belongs to the run (not a replay)."""
+    return f"{alias}.origin = '{RUN_ORIGIN}'"
+
+
+def ended_run_episode(alias: str = "e") -> str:
+    """SQL condition: ``alias`` is a run episode in a final state (one groups count)."""
+    states = ", ".join(f"'{s}'" for s in FINAL_STATES)
+    return f"{run_episode(alias)} AND {alias}.state IN ({states})"
+
+
+# -- connection -------------------------------------------------------------------------
+
+
+def connect(path: Path) -> sqlite3.Connection:
+    """Open (creating the schema in a new file) the SQLite store at ``path``.
+
+    Raises:
+        StoreError: the file is not SQLite, not an agentrl store, or has a newer schema.
+    """
+    try:
+        db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30)
+        db.execute("PRAGMA busy_timeout = 30000")
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+    except sqlite3.DatabaseError as e:
+        raise StoreError(
+            f"{str(path)!r} is not a readable SQLite episode store ({e}); if it is "
+            f"corrupt, restore it from a backup or start a new run directory"
+        ) from e
+    try:
+        _prepare(db, path, version)
+    except sqlite3.DatabaseError as e:
+        db.close()
+        raise StoreError(
+            f"{str(path)!r} is not a usable episode store ({e}); if it is corrupt, "
+            f"restore it from a backup or start a new run directory"
+        ) from e
+    except StoreError:
+        db.close()
+        raise
+    return db
+
+
+def _prepare(db: sqlite3.Connection, path: Path, version: int) -> None:
+    """Check the schema version, set the pragmas, and create the schema in a new file."""
+    if version > SCHEMA_VERSION:
+        raise StoreError(
+            f"{str(path)!r} was written by a newer agentrl (store schema {version}; this "
+            f"agentrl reads schema {SCHEMA_VERSION} and older); upgrade agentrl to open it"
+        )
+    db.execute("PRAGMA journal_mode = WAL")
+    db.execute("PRAGMA synchronous = NORMAL")
+    db.execute("PRAGMA foreign_keys = ON")
+    if version != 0:
+        return
+    tables = db.execute("SELECT name FROM sqlite_master WHERE type='table'").fetchall()
+    if tables:
+        raise StoreError(
+            f"{str(path)!r} is a SQLite file but not an agentrl episode store "
+            f"(it has tables {[t[0] for t in tables][:5]}); choose another path"
+        )
+    with db:
+        db.execute("BEGIN")
+        db.executescript(SCHEMA_SQL)
+        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+
+# -- codecs -----------------------------------------------------------------------------
+
+
+def encode_array(array: np.ndarray, dtype: str) -> bytes:
+    """Raw little-endian bytes of ``array`` as ``dtype`` (the same on every machine)."""
+    return np.ascontiguousarray(array, dtype=np.dtype(dtype).newbyteorder("<")).tobytes()
+
+
+def decode_array(data: bytes, dtype: str) -> np.ndarray:
+    return np.frombuffer(data, dtype=np.dtype(dtype).newbyteorder("<")).astype(dtype)
+
+
+def dump_json(value: Any) -> str:
+    """Compact JSON; NaN and infinity are refused (they are not JSON)."""
+    return json.dumps(value, separators=(",", ":"), allow_nan=False)
+
+
+def trajectory_meta(t: Trajectory) -> dict[str, Any]:
+    """Everything of a trajectory the columns and token arrays do not hold."""
+    return {
+        "task_id": t.task_id,
+        "seed": t.seed,
+        "spans": [dataclasses.astuple(s) for s in t.spans],
+        "messages": t.messages,
+        "turn_rewards": t.turn_rewards,
+        "reason": t.reason,
+        "timings": t.timings.as_dict(),
+        "info": t.info,
+        "env_log": t.env_log,
+        "turn_starts": t.turn_starts,
+    }
+
+
+# -- row decoders -----------------------------------------------------------------------
+
+
+def task_from_row(row: sqlite3.Row) -> Task:
+    return Task(
+        task_id=row["task_id"],
+        env_id=row["env_id"],
+        seed=row["seed"],
+        options=None if row["options"] is None else json.loads(row["options"]),
+        env_kwargs=json.loads(row["env_kwargs"]),
+    )
+
+
+def trajectory_from_row(row: sqlite3.Row) -> Trajectory:
+    meta = json.loads(row["meta"])
+    return Trajectory(
+        episode_id=row["episode_id"],
+        task_id=row["task_id"],
+        env_id=row["env_id"],
+        seed=meta["seed"],
+        spans=tuple(TokenSpan(*s) for s in meta["spans"]),
+        messages=meta["messages"],
+        turn_rewards=meta["turn_rewards"],
+        reward=row["reward"],
+        status=row["status"],
+        reason=meta["reason"],
+        segment=row["segment"],
+        attempt=row["attempt"],
+        timings=Timings(**meta["timings"]),
+        info=meta["info"],
+        env_log=meta.get("env_log", []),
+        turn_starts=meta.get("turn_starts", []),
+        **{k: decode_array(row[k], d) for k, d in ARRAY_DTYPES.items()},
+    )
+
+
+def partial_from_row(row: sqlite3.Row) -> PartialEpisode:
+    arrays = {k: decode_array(row[k], d) for k, d in ARRAY_DTYPES.items()}
+    meta = json.loads(row["meta"])
+    segments = []
+    for start, end, spans in meta.pop("segments"):
+        segments.append(
+            SegmentArrays(
+                **{k: v[start:end] for k, v in arrays.items()},
+                spans=[TokenSpan(*s) for s in spans],
+            )
+        )
+    meta["task"] = Task(**meta["task"])
+    meta["timings"] = Timings(**meta["timings"])
+    return PartialEpisode(segments=segments, **meta)

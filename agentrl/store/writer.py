@@ -1,0 +1,220 @@
+"""``StoreWriter``: batched writes to the episode store, off the event loop.
+
+Owns the queue of writes the rollout side submits without waiting (tasks, episode
+starts, checkpoints, ended and dropped episodes, complete groups, weight versions), the
+background task that commits them in one transaction per batch, and what happens when a
+commit fails: the writes stay queued, in order, and the error reaches the writer's
+owner. The rows themselves are written by :class:`~agentrl.store.EpisodeStore`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from agentrl import faults
+from agentrl.store.episodes import EpisodeStore
+from agentrl.types import Group, PartialEpisode, Task, Trajectory
+
+logger = logging.getLogger(__name__)
+
+Op = tuple[str, Any]  # (kind, payload); the kinds are the submit methods' names
+
+
+class StoreWriter:
+    """Writes to the store off the event loop, batched: one transaction per batch.
+
+    Components submit writes without waiting (``task``, ``started``, ``partial``,
+    ``episode``, ``dropped``, ``group``, ``version``); a background task commits
+    whatever is pending every ``interval_s``; :meth:`flush` commits now and returns once
+    it is durable. Writes are applied in the order they were submitted, except that a
+    newer checkpoint of an episode replaces an older one still pending.
+
+    A write leaves the queue only once its transaction has committed. When a commit
+    fails, :meth:`flush` raises the error and every write stays pending, in order, for
+    the next flush. When a background commit fails, the background task stops and the
+    writer is failed: every later call (a submit, :meth:`flush`, leaving the ``async
+    with``) raises that error, so the run stops with it instead of going on unrecorded.
+
+    Use as ``async with StoreWriter(store) as writer:``; leaving flushes.
+    """
+
+    def __init__(
+        self, store: EpisodeStore, *, interval_s: float = 0.2, metrics: Any = None
+    ) -> None:
+        self.store = store
+        self.interval_s = interval_s
+        self.metrics = metrics
+        self._ops: list[Op] = []
+        self._partial_at: dict[str, int] = {}  # episode id -> index of its pending checkpoint
+        self._writing = 0  # _ops[:_writing] are in the transaction being committed
+        self._failure: BaseException | None = None  # a background write's, for the owner
+        self._flush_lock: asyncio.Lock | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._wake: asyncio.Event | None = None
+
+    async def __aenter__(self) -> StoreWriter:
+        self._flush_lock = asyncio.Lock()
+        self._wake = asyncio.Event()
+        self._task = asyncio.create_task(self._run(), name="store-writer")
+        return self
+
+    async def __aexit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.wait([self._task])  # unlike `await`, never swallows our own cancel
+            self._task = None
+        if self._failure is not None and _carries(exc, self._failure):
+            return  # the background failure is already on its way out
+        await self.flush()
+
+    @property
+    def pending(self) -> int:
+        """Writes submitted and not yet committed (those being committed included)."""
+        return len(self._ops)
+
+    # -- submitting ------------------------------------------------------------------------
+
+    def task(self, task: Task, group_size: int) -> None:
+        self._submit("task", (task, group_size))
+
+    def started(self, episode_id: str, task: Task, attempt: int, version: int) -> None:
+        self._submit("started", (episode_id, task, attempt, version))
+
+    def partial(self, partial: PartialEpisode) -> None:
+        self._raise_failure()
+        at = self._partial_at.get(partial.episode_id)
+        if at is None or at < self._writing:  # none pending, or it is being committed now
+            at = self._partial_at[partial.episode_id] = len(self._ops)
+        self._put(at, ("partial", partial))
+
+    def episode(self, trajectories: Sequence[Trajectory], *, retried: bool = False) -> None:
+        self._submit("episode", (list(trajectories), retried))
+        self._partial_at.pop(trajectories[0].episode_id, None)
+
+    def dropped(self, episode_id: str, attempt: int, reason: str) -> None:
+        self._submit("dropped", (episode_id, attempt, reason))
+        self._partial_at.pop(episode_id, None)
+
+    def group(self, group: Group) -> None:
+        self._submit("group", group)
+
+    def version(self, version: int, kind: str, source: str, stats: dict[str, Any]) -> None:
+        self._submit("version", (version, kind, source, stats))
+
+    def _submit(self, kind: str, payload: Any) -> None:
+        self._raise_failure()
+        self._put(len(self._ops), (kind, payload))
+
+    def _put(self, at: int, op: Op) -> None:
+        """Append ``op`` (``at`` is the end) or replace the pending op at ``at``."""
+        if at == len(self._ops):
+            self._ops.append(op)
+        else:
+            self._ops[at] = op
+        if self._wake is not None:
+            self._wake.set()
+
+    def _raise_failure(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+
+    # -- committing ------------------------------------------------------------------------
+
+    async def flush(self) -> None:
+        """Commit everything submitted so far; return when it is on disk.
+
+        Raises:
+            StoreError: the commit failed (nothing was dropped: the writes stay pending,
+                in order), or an earlier background commit did (the writer is failed).
+        """
+        self._raise_failure()
+        write = asyncio.create_task(self._write_pending(), name="store-writer-flush")
+        try:
+            await asyncio.shield(write)
+        except asyncio.CancelledError:
+            # A transaction cannot be stopped half-way: it finishes on its own (holding
+            # the lock, so no later flush writes its ops again) and a failure of it
+            # reaches the owner at the next call.
+            write.add_done_callback(self._orphan_done)
+            raise
+
+    async def _write_pending(self) -> None:
+        if self._flush_lock is None:  # flushed without `async with`
+            self._flush_lock = asyncio.Lock()
+        async with self._flush_lock:
+            n = len(self._ops)
+            if not n:
+                return
+            self._writing = n
+            t0 = time.perf_counter()
+            try:
+                await asyncio.to_thread(self._apply, self._ops[:n])
+            finally:
+                self._writing = 0
+            self._committed(n)
+            if self.metrics is not None:
+                self.metrics.observe("store_batch_write_s", time.perf_counter() - t0)
+                self.metrics.count("store_writes", n)
+
+    def _committed(self, n: int) -> None:
+        """Drop the first ``n`` ops, now durable; ops submitted meanwhile stay."""
+        del self._ops[:n]
+        self._partial_at = {eid: i - n for eid, i in self._partial_at.items() if i >= n}
+
+    def _orphan_done(self, write: asyncio.Task[None]) -> None:
+        """Keep the failure of a commit whose flush was cancelled, for the next call."""
+        error = None if write.cancelled() else write.exception()
+        if error is not None:
+            logger.error("writing the episode store failed; the run stops: %s", error)
+            if self._failure is None:
+                self._failure = error
+
+    def _apply(self, ops: list[Op]) -> None:
+        store = self.store
+        with store.batch():
+            for i, (kind, payload) in enumerate(ops):
+                if i == 1:
+                    faults.point("store_write")
+                if kind == "task":
+                    store.add_tasks([payload[0]], payload[1])
+                elif kind == "started":
+                    store.episode_started(*payload)
+                elif kind == "partial":
+                    store.save_partials([payload])
+                elif kind == "episode":
+                    store.save_episode(payload[0], retried=payload[1])
+                elif kind == "dropped":
+                    store.drop_episode(*payload)
+                elif kind == "group":
+                    store.complete_group(payload)
+                elif kind == "version":
+                    store.record_version(*payload)
+
+    async def _run(self) -> None:
+        assert self._wake is not None
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            await asyncio.sleep(self.interval_s)
+            try:
+                await self.flush()
+            except Exception as e:
+                # Nobody awaits this task while the run goes on: hand the error to the
+                # writer's next caller rather than dying silently.
+                logger.error("writing the episode store failed; the run stops: %s", e)
+                if self._failure is None:
+                    self._failure = e
+                return
+
+
+def _carries(exc: BaseException | None, error: BaseException) -> bool:
+    """Whether ``exc`` is ``error`` or holds it (a task group's exception group)."""
+    if exc is error:
+        return True
+    if isinstance(exc, BaseExceptionGroup):
+        return any(_carries(e, error) for e in exc.exceptions)
+    return False
