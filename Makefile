@@ -19,7 +19,7 @@ help:
 	@echo "make test     install, then run the whole test suite (real vLLM on CPU)"
 	@echo "make soak     install, then run every fault-injection test, long ones included; prints the fault table"
 	@echo "make bench    install, then run the benchmarks (about 10 minutes on 2 cores)"
-	@echo "make lint     ruff"
+	@echo "make lint     ruff, and the import layers (lint-imports)"
 	@echo "make install  create $(VENV) with pinned versions (idempotent)"
 
 install: $(STAMP)
@@ -53,6 +53,8 @@ bench: install
 lint: install
 	$(VENV)/bin/ruff check agentrl envs tools tests benchmarks examples
 	$(VENV)/bin/ruff format --check agentrl envs tools tests benchmarks examples
+	@# the layer contracts of docs/architecture.md ([tool.importlinter] in pyproject.toml)
+	$(VENV)/bin/lint-imports --no-cache
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .agentrl-logs

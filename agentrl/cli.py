@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import sys
@@ -65,18 +66,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
 
     roll = commands.add_parser(
-        "rollout", help="run an env against a model for N episodes and record them"
+        "rollout",
+        help="run an env against a model for N episodes and record them",
+        description="Run N episodes and record them in a run directory (no training). "
+        "Settings come from the same config tree as `agentrl train` ([model], [env], "
+        "[inference], [rollout]): a TOML file with --config, then --section.key=value "
+        "overrides (e.g. --inference.max_model_len=2048), then the shortcut flags below. "
+        "Defaults: `agentrl config --defaults`.",
     )
     roll.add_argument("env_id", nargs="?", help="a registered id, e.g. agentrl/GuessNumber-v0")
-    roll.add_argument("--model", default="tiny", help="'tiny', a model folder, or a hub name")
+    roll.add_argument("--config", default=None, metavar="TOML",
+                      help="a config file; its [model], [env], [inference] and [rollout] "
+                      "apply")  # fmt: skip
     roll.add_argument("--episodes", type=int, default=64)
-    roll.add_argument("--group-size", type=int, default=1, help="episodes per task (same seed)")
-    roll.add_argument("--concurrency", type=int, default=64, help="episodes running at once")
-    roll.add_argument("--max-turns", type=int, default=8)
-    roll.add_argument("--max-tokens", type=int, default=64, help="per assistant turn")
-    roll.add_argument("--temperature", type=float, default=1.0)
-    roll.add_argument("--seed", type=int, default=0, help="seed of the first task")
-    roll.add_argument("--server", action="store_true", help="go through `vllm serve` over HTTP")
+    _shortcut(roll, "--model", "model.path", str, "'tiny', a model folder, or a hub name")
+    _shortcut(roll, "--group-size", "rollout.group_size", int, "episodes per task (same seed)")
+    _shortcut(roll, "--concurrency", "rollout.concurrency", int, "episodes running at once")
+    _shortcut(roll, "--max-turns", "rollout.max_turns", int, "assistant turns per episode")
+    _shortcut(roll, "--max-tokens", "rollout.max_tokens_per_turn", int, "per assistant turn")
+    _shortcut(roll, "--temperature", "rollout.temperature", float, "sampling temperature")
+    _shortcut(roll, "--max-model-len", "inference.max_model_len", int, "context window")
+    _shortcut(roll, "--seed", "env.first_seed", int, "seed of the first task")
+    roll.add_argument("--server", action="store_true",
+                      help="go through `vllm serve` over HTTP "
+                      '(inference.mode = "server")')  # fmt: skip
     roll.add_argument("--out", default=None, help="run directory (default runs/rollout-TIME)")
     roll.add_argument(
         "--resume",
@@ -89,8 +102,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="append",
         default=[],
         metavar="MODULE_OR_FILE",
-        help="import this first (registers your env)",
+        help="import this first (registers your env; recorded as env.imports)",
     )
+
+    cfg_cmd = commands.add_parser(
+        "config", help="print the config reference: every key, its default and what it does"
+    )
+    cfg_cmd.add_argument("--defaults", action="store_true",
+                         help="print every key with its default, as TOML with "
+                         "comments")  # fmt: skip
 
     train = commands.add_parser(
         "train",
@@ -162,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     replay.add_argument("--max-tokens", type=int, default=None, help="per assistant turn")
 
     args, extra = parser.parse_known_args(argv)
-    if extra and args.command not in ("train", "serve"):
+    if extra and args.command not in ("train", "serve", "rollout"):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
@@ -180,7 +200,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "check-env":
             return _check_env(args.env_id, args.imports)
         elif args.command == "rollout":
-            return _rollout(args)
+            return _rollout(args, extra)
+        elif args.command == "config":
+            from agentrl.config.reference import defaults_toml
+
+            print(defaults_toml(), end="")
         elif args.command == "replay":
             return _replay(args)
         elif args.command == "train":
@@ -300,47 +324,71 @@ def _serve(config: str | None, overrides: list[str], port: int, host: str) -> in
     from agentrl.config import RunConfig
     from agentrl.inference.server import server_command
     from agentrl.models import resolve_model
+    from agentrl.run import lora_rank
 
     cfg = RunConfig.load(config, overrides)
-    command, env = server_command(cfg.inference_config(resolve_model(cfg.model.path)), port, host)
+    command, env = server_command(resolve_model(cfg.model.path), cfg.inference, port, host,
+                                  seed=cfg.run.seed, max_lora_rank=lora_rank(cfg))  # fmt: skip
     print(f"agentrl serve: {' '.join(command)}", flush=True)
     os.execve(command[0], command, env)
     return 0  # not reached
 
 
-def _import_all(imports: Sequence[str]) -> None:
-    import importlib
-    import runpy
+def _shortcut(parser: argparse.ArgumentParser, flag: str, key: str, kind: type,
+              text: str) -> None:  # fmt: skip
+    """A flag that sets one config key; its default is the config tree's."""
+    from agentrl.config.reference import default_of
 
-    for target in imports:
-        if target.endswith(".py"):
-            runpy.run_path(target, run_name="__agentrl_env__")
-        else:
-            importlib.import_module(target)
+    parser.add_argument(flag, type=kind, default=None, dest=f"key:{key}",
+                        help=f"{text} (sets {key}; default {default_of(key)!r})")  # fmt: skip
 
 
-def _rollout(args: argparse.Namespace) -> int:
+def _overrides(args: argparse.Namespace, extra: Sequence[str]) -> list[str]:
+    """``--section.key=value`` overrides, then the shortcut flags given."""
+    from agentrl.errors import ConfigError
+
+    bad = [o for o in extra if not o.startswith("--") or "=" not in o]
+    if bad:
+        raise ConfigError(
+            f"unrecognized argument {bad[0]!r}; overrides look like --section.key=value"
+        )
+    flags = [f"--{k[4:]}={json.dumps(v)}" for k, v in vars(args).items()
+             if k.startswith("key:") and v is not None]  # fmt: skip
+    return [*extra, *flags]
+
+
+def _rollout(args: argparse.Namespace, extra: Sequence[str]) -> int:
     from pathlib import Path
 
+    from agentrl.config import RunConfig
+    from agentrl.env import import_env_modules, load_env_plugins
     from agentrl.errors import ConfigError
     from agentrl.rollout.job import RolloutJob, resumed_job, run_rollout
 
-    _import_all(args.imports)
+    load_env_plugins()
     if args.resume:
         if args.out is None:
             raise ConfigError("--resume needs --out RUN_DIR (the run to continue)")
+        import_env_modules(args.imports, key="--import")
         job = resumed_job(Path(args.out), args.env_id)
+        import_env_modules([i for i in job.config.env.imports if i not in args.imports])
         summary = asyncio.run(run_rollout(job, resume=True))
         return _print_rollout(summary, job.env_id, Path(args.out))
-    if args.env_id is None:
+    overrides = _overrides(args, extra)
+    if args.env_id is not None:
+        overrides.append(f"--env.id={json.dumps(args.env_id)}")
+    if args.imports:
+        overrides.append(f"--env.imports={json.dumps(args.imports)}")
+    if args.server:
+        overrides.append('--inference.mode="server"')
+    config = RunConfig.load(args.config, overrides)
+    if not config.env.id:
         raise ConfigError("give the env id to roll out (or --resume --out RUN_DIR)")
+    import_env_modules(config.env.imports)
     out = Path(args.out or f"runs/rollout-{time.strftime('%Y%m%d-%H%M%S')}")
-    job = RolloutJob(env_id=args.env_id, episodes=args.episodes, out_dir=out, model=args.model,
-                     group_size=args.group_size, concurrency=args.concurrency,
-                     via_server=args.server, first_seed=args.seed, max_turns=args.max_turns,
-                     max_tokens_per_turn=args.max_tokens, temperature=args.temperature)  # fmt: skip
+    job = RolloutJob(config=config, episodes=args.episodes, out_dir=out)
     summary = asyncio.run(run_rollout(job))
-    return _print_rollout(summary, args.env_id, out)
+    return _print_rollout(summary, config.env.id, out)
 
 
 def _print_rollout(summary: dict[str, object], env_id: str, out: object) -> int:
@@ -437,8 +485,10 @@ def _tokenizer(model: str) -> object:
 
 def _check_env(env_id: str, imports: Sequence[str]) -> int:
     from agentrl.check import check_env
+    from agentrl.env import import_env_modules, load_env_plugins
 
-    _import_all(imports)
+    load_env_plugins()
+    import_env_modules(imports, key="--import")
     results = check_env(env_id, raise_on_failure=False)
     for r in results:
         print(f"{'PASS' if r.passed else 'FAIL'}  {r.rule:<20} {'' if r.passed else r.detail}")
@@ -468,7 +518,7 @@ async def _demo(model: str, via_server: bool, max_tokens: int) -> None:
     path = resolve_model(model)
     print(f"model: {path}  (ready in {time.perf_counter() - started:.1f} s)", flush=True)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    config = InferenceConfig(model=path)
+    config = InferenceConfig()
     prompts = [
         tokenizer.apply_chat_template(
             [{"role": "user", "content": q}], tools=[CALCULATOR_SCHEMA], add_generation_prompt=True,
@@ -499,12 +549,12 @@ async def _demo(model: str, via_server: bool, max_tokens: int) -> None:
               f"so its text is noise.")  # fmt: skip
 
     if via_server:
-        async with await VLLMServer.start(config, log_dir=".agentrl-logs") as server:
+        async with await VLLMServer.start(path, config, log_dir=".agentrl-logs") as server:
             print(f"vllm serve pid {server.pid} at {server.url}", flush=True)
             async with VLLMServerClient(server.url, config) as client:
                 await run(client)
     else:
-        async with await VLLMEngineClient.start(config) as client:
+        async with await VLLMEngineClient.start(path, config) as client:
             await run(client)
 
 

@@ -39,6 +39,9 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from agentrl.config import EnvConfig
+from agentrl.errors import ConfigError
+
 Message = dict[str, Any]
 Observation = str | list[Message]
 
@@ -333,10 +336,73 @@ def register_env(
     )
 
 
-def make_env(env_id: str, **kwargs: Any) -> gym.Env[Any, Any]:
-    """``gymnasium.make`` after importing the shipped envs, so their ids are registered."""
-    import envs  # noqa: F401  (registers agentrl/* ids)
+ENV_ENTRY_POINTS = "agentrl.envs"
+"""Packages name, in this entry-point group, a module that registers their envs on
+import (agentrl's own ``envs`` folder is one); :func:`load_env_plugins` imports them."""
 
+
+def load_env_plugins() -> None:
+    """Import every module of the ``agentrl.envs`` entry-point group (once each).
+
+    That is how the library learns env ids without importing any env package itself:
+    a package lists ``[project.entry-points."agentrl.envs"] name = "module"``.
+    """
+    import importlib.metadata
+
+    for entry in importlib.metadata.entry_points(group=ENV_ENTRY_POINTS):
+        if entry.value not in _loaded_plugins:
+            _loaded_plugins.add(entry.value)
+            entry.load()
+
+
+_loaded_plugins: set[str] = set()
+
+
+def import_env_modules(imports: Sequence[str], *, key: str = "env.imports") -> None:
+    """Import modules or run .py files (where users register their envs).
+
+    Raises:
+        ConfigError: naming ``key`` and the module or file that could not be imported.
+    """
+    import importlib
+    import runpy
+    from pathlib import Path
+
+    for target in imports:
+        try:
+            if target.endswith(".py"):
+                if not Path(target).is_file():
+                    raise ConfigError(f"{key}: file {target!r} does not exist")
+                runpy.run_path(target, run_name="__agentrl_env__")
+            else:
+                importlib.import_module(target)
+        except ModuleNotFoundError as e:
+            raise ConfigError(f"{key}: cannot import {target!r}: {e}") from None
+
+
+def check_env_config(env: EnvConfig) -> None:
+    """Check that ``env.id`` is registered (after ``env.imports``) and takes ``env.kwargs``.
+
+    Raises:
+        ConfigError: naming the key, the value, and the registered ids.
+    """
+    load_env_plugins()
+    import_env_modules(env.imports)
+    if env.id not in gym.registry:
+        known = sorted(k for k in gym.registry if k.startswith("agentrl/"))
+        raise ConfigError(
+            f"env.id = {env.id!r} is not registered; shipped envs: {known}. For your "
+            f"own env, list the module or file that registers it in env.imports"
+        )
+    try:
+        gym.make(env.id, **env.kwargs).close()
+    except TypeError as e:
+        raise ConfigError(f"env.kwargs = {env.kwargs!r} do not fit {env.id}: {e}") from None
+
+
+def make_env(env_id: str, **kwargs: Any) -> gym.Env[Any, Any]:
+    """``gymnasium.make`` after loading the ``agentrl.envs`` plugins, so their ids exist."""
+    load_env_plugins()
     try:
         return gym.make(env_id, **kwargs)
     except gym.error.Error as e:

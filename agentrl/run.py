@@ -34,7 +34,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agentrl.config import RunConfig, import_all
+from agentrl.config import RunConfig
+from agentrl.env import check_env_config, import_env_modules, load_env_plugins
 from agentrl.errors import ConfigError, InfraError, RunDirError
 from agentrl.metrics import LoopLagMonitor, Metrics, tune_gc
 from agentrl.monitor import MetricsLog, plain_line, render, write_status
@@ -88,8 +89,25 @@ def prepare(config_path: str | Path | None, overrides: list[str], *, resume: str
                 f"{run_dir} already holds files; continue that run with "
                 f"`agentrl train --resume {run_dir}`, or set run.out to a new folder"
             )
-    config.check()
+    check_config(config)
     return config, run_dir
+
+
+def check_config(config: RunConfig) -> None:
+    """Every check a run needs before it starts: the config's own rules, the env id
+    (after ``env.imports``) and the model.
+
+    Raises:
+        ConfigError: naming the key, the value and what is allowed.
+    """
+    from agentrl.models import check_chat_template, resolve_model
+
+    config.check()
+    check_env_config(config.env)
+    if config.model.path != "tiny":
+        path = resolve_model(config.model.path)  # raises ModelNotFoundError (a ConfigError)
+        if Path(path).is_dir():
+            check_chat_template(path)
 
 
 def launched_rank() -> tuple[int, int]:
@@ -118,8 +136,10 @@ def follow(config: RunConfig, run_dir: Path, resume: bool, accelerator: Any) -> 
     from agentrl.trainer.distributed import follow as follow_steps
     from agentrl.trainer.trainer import Trainer
 
-    import_all(config.env.imports)
-    trainer = Trainer(resolve_model(config.model.path), config.trainer_config(),
+    load_env_plugins()
+    import_env_modules(config.env.imports)
+    trainer = Trainer(resolve_model(config.model.path), config.trainer,
+                      temperature=config.rollout.temperature, seed=config.run.seed,
                       accelerator=accelerator)  # fmt: skip
     if resume:
         folder = latest_checkpoint(run_dir / "checkpoints")
@@ -299,7 +319,7 @@ async def evaluate(run: _Run, client: Any, tokenizer: Any, label: str, tracer: T
 
     cfg = run.config
     runner = EpisodeRunner(client, tokenizer,
-                           cfg.rollout_config(temperature=cfg.eval.temperature),
+                           dataclasses.replace(cfg.rollout, temperature=cfg.eval.temperature),
                            metrics=Metrics(), tracer=tracer)  # fmt: skip
     runner.trace_pid = EVAL
     slots = asyncio.Semaphore(cfg.rollout.concurrency)
@@ -340,7 +360,8 @@ async def train(config: RunConfig, run_dir: Path, *, resume: bool = False,
     from agentrl.models import resolve_model
     from agentrl.store import EpisodeStore
 
-    import_all(config.env.imports)
+    load_env_plugins()
+    import_env_modules(config.env.imports)
     await asyncio.to_thread(_init_run_dir, config, run_dir, resume)
     if config.log.progress != "none":
         from transformers.utils import logging as hf_logging
@@ -449,7 +470,8 @@ async def _train(run: _Run, model_path: str, store: Any, tracer: Tracer, log: Me
     plain = cfg.log.progress == "plain" or (cfg.log.progress == "auto" and display is None)
     say = print if cfg.log.progress != "none" else (lambda *a, **k: None)
     say(f"run directory: {run.run_dir}", flush=True)
-    trainer = await asyncio.to_thread(Trainer, model_path, cfg.trainer_config(),
+    trainer = await asyncio.to_thread(Trainer, model_path, cfg.trainer,
+                                      temperature=cfg.rollout.temperature, seed=cfg.run.seed,
                                       accelerator=run.components.get("accelerator"))  # fmt: skip
     if trainer._sharded() and (cfg.train.checkpoint_every or run.resume):
         raise ConfigError(
@@ -463,23 +485,26 @@ async def _train(run: _Run, model_path: str, store: Any, tracer: Tracer, log: Me
     batch = cfg.batch_size()
 
     async with contextlib.AsyncExitStack() as stack:
-        inference = cfg.inference_config(model_path)
         if cfg.inference.mode == "server":
             client = await stack.enter_async_context(
-                await _server_pool(cfg, inference, run.run_dir / "logs", stack, say)
+                await _server_pool(cfg, model_path, run.run_dir / "logs", stack, say)
             )
             run.components["pool"] = client
         else:
-            client = await stack.enter_async_context(await VLLMEngineClient.start(inference))
+            client = await stack.enter_async_context(
+                await VLLMEngineClient.start(
+                    model_path, cfg.inference, seed=cfg.run.seed, max_lora_rank=lora_rank(cfg)
+                )
+            )
         writer = await stack.enter_async_context(StoreWriter(store))
-        runner = EpisodeRunner(client, trainer.tokenizer, cfg.rollout_config(),
+        runner = EpisodeRunner(client, trainer.tokenizer, cfg.rollout,
                                metrics=run.metrics, checkpoint=writer.partial,
                                tracer=tracer)  # fmt: skip
         controller = RolloutController(runner, writer=writer, policy=cfg.rollout.update_policy,
                                        max_staleness=cfg.rollout.max_staleness,
                                        metrics=run.metrics)  # fmt: skip
         queue = TrajectoryQueue(2 * cfg.train.groups_per_step)
-        scheduler = Scheduler(runner, queue, cfg.scheduler_config(),
+        scheduler = Scheduler(runner, queue, cfg.rollout, batch_size=batch,
                               version=lambda: trainer.version, metrics=run.metrics,
                               writer=writer, resume=run.resume)  # fmt: skip
         weights_dir = await asyncio.to_thread(_weights_dir, cfg.inference.weights_dir)
@@ -495,7 +520,7 @@ async def _train(run: _Run, model_path: str, store: Any, tracer: Tracer, log: Me
                 say(plain_line(run.status), flush=True)
 
         every = cfg.train.checkpoint_every
-        loop = TrainLoop(trainer, publisher, scheduler, queue, cfg.loop_config(), store=store,
+        loop = TrainLoop(trainer, publisher, scheduler, queue, cfg.train, store=store,
                          checkpoint_dir=run.run_dir / "checkpoints", on_step=on_step,
                          tracer=tracer)  # fmt: skip
         run.components.update(runner=runner, queue=queue, loop=loop)
@@ -545,7 +570,12 @@ async def _train(run: _Run, model_path: str, store: Any, tracer: Tracer, log: Me
         result.last = dict(run.last)
 
 
-async def _server_pool(cfg: RunConfig, inference: Any, log_dir: Path,
+def lora_rank(config: RunConfig) -> int | None:
+    """The adapter rank vLLM must accept: None without LoRA (at least 16, vLLM's floor)."""
+    return max(16, config.trainer.lora.r) if config.trainer.lora.enabled else None
+
+
+async def _server_pool(cfg: RunConfig, model_path: str, log_dir: Path,
                        stack: contextlib.AsyncExitStack, say: Any) -> Any:  # fmt: skip
     """The servers in inference.servers, or num_servers started here, behind one pool."""
     from agentrl.inference import ServerPool, VLLMServer
@@ -554,7 +584,12 @@ async def _server_pool(cfg: RunConfig, inference: Any, log_dir: Path,
     urls, managed = list(i.servers), {}
     if not urls:
         started = await asyncio.gather(
-            *(VLLMServer.start(inference, log_dir=log_dir) for _ in range(i.num_servers)),
+            *(
+                VLLMServer.start(
+                    model_path, i, seed=cfg.run.seed, max_lora_rank=lora_rank(cfg), log_dir=log_dir
+                )
+                for _ in range(i.num_servers)
+            ),
             return_exceptions=True,
         )
         for server in started:
@@ -566,7 +601,7 @@ async def _server_pool(cfg: RunConfig, inference: Any, log_dir: Path,
             raise errors[0]
         urls = list(managed)
         say(f"started {len(urls)} vllm serve process(es): {', '.join(urls)}", flush=True)
-    return ServerPool(urls, inference, managed=managed, health_interval_s=i.health_interval_s,
+    return ServerPool(urls, i, managed=managed, health_interval_s=i.health_interval_s,
                       reconnect_timeout_s=i.reconnect_timeout_s,
                       max_restarts=i.max_restarts)  # fmt: skip
 

@@ -39,7 +39,7 @@ async def level_run(client, tokenizer, level: int, episodes: int, turns: int, to
 
     from agentrl.metrics import LoopLagMonitor, Metrics
     from agentrl.queue import TrajectoryQueue
-    from agentrl.rollout import EpisodeRunner, RolloutConfig, Scheduler, SchedulerConfig, tasks_for
+    from agentrl.rollout import EpisodeRunner, RolloutConfig, Scheduler, tasks_for
     from agentrl.store import EpisodeStore, StoreWriter
 
     store_dir.mkdir(parents=True)
@@ -50,7 +50,7 @@ async def level_run(client, tokenizer, level: int, episodes: int, turns: int, to
     async with StoreWriter(store) as writer:
         runner = EpisodeRunner(client, tokenizer, rollout, metrics=metrics,
                                checkpoint=writer.partial)  # fmt: skip
-        scheduler = Scheduler(runner, queue, SchedulerConfig(concurrency=level, group_size=1),
+        scheduler = Scheduler(runner, queue, RolloutConfig(concurrency=level, group_size=1),
                               writer=writer)  # fmt: skip
         tasks = list(tasks_for("bench/Echo-v0", episodes, turns=turns, step_s=STEP_S))
         async with LoopLagMonitor(metrics):
@@ -102,11 +102,11 @@ async def main_async(args: argparse.Namespace) -> list[dict]:
 
     path = resolve_model(args.model)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    config = InferenceConfig(model=path, max_model_len=512, max_num_seqs=256,
-                             kv_cache_memory_bytes=512 * 2**20)  # fmt: skip
+    config = InferenceConfig(max_model_len=512, max_num_seqs=256,
+                             kv_cache_mib=512)  # fmt: skip
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        async with await VLLMEngineClient.start(config) as client:
+        async with await VLLMEngineClient.start(path, config) as client:
             tune_gc()  # as agentrl train and agentrl rollout do once started
             await level_run(client, tokenizer, 8, 8, 2, 8, Path(tmp) / "warm")
             for level in args.levels:

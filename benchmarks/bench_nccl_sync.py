@@ -34,6 +34,7 @@ SIZES = {
 async def one_size(name: str, updates: int, cache: Path) -> dict:
     import torch
 
+    from agentrl.config import TrainerConfig
     from agentrl.inference.base import InferenceConfig, SamplingConfig
     from agentrl.inference.engine import VLLMEngineClient
     from agentrl.models.tiny import TinyModelConfig, build_tiny_model
@@ -41,17 +42,17 @@ async def one_size(name: str, updates: int, cache: Path) -> dict:
     from agentrl.rollout.controller import RolloutController
     from agentrl.trainer.nccl import NCCLWeightSender
     from agentrl.trainer.publish import WeightPublisher
-    from agentrl.trainer.trainer import Trainer, TrainerConfig
+    from agentrl.trainer.trainer import Trainer
 
     hidden, layers, heads, kv, inter = SIZES[name]
     model = build_tiny_model(TinyModelConfig(hidden_size=hidden, num_hidden_layers=layers,
                                              num_attention_heads=heads, num_key_value_heads=kv,
                                              intermediate_size=inter, initializer_range=0.02),
                              cache_dir=cache)  # fmt: skip
-    config = InferenceConfig(model=str(model), dtype="float32", enforce_eager=False,
-                             kv_cache_memory_bytes=4 * 2**30, weight_transfer="nccl")  # fmt: skip
-    async with await VLLMEngineClient.start(config) as engine:
-        trainer = Trainer(str(model), TrainerConfig(lr=1e-4))
+    config = InferenceConfig(dtype="float32", enforce_eager=False,
+                             kv_cache_mib=4096, weight_transfer="nccl")  # fmt: skip
+    async with await VLLMEngineClient.start(str(model), config) as engine:
+        trainer = Trainer(str(model), TrainerConfig(lr=1e-4), temperature=1.0, seed=0)
         trainer.model.to("cuda")
         params = sum(p.numel() for p in trainer.model.parameters())
         controller = RolloutController(EpisodeRunner(engine, trainer.tokenizer))

@@ -66,7 +66,7 @@ async def raw_round(client, prompts: list[list[int]], reply: list[int], turns: i
 async def platform_round(client, tokenizer, episodes: int, turns: int, tokens: int, seed: int,
                          store_dir: Path) -> tuple[int, float]:  # fmt: skip
     from agentrl.queue import TrajectoryQueue
-    from agentrl.rollout import EpisodeRunner, RolloutConfig, Scheduler, SchedulerConfig, tasks_for
+    from agentrl.rollout import EpisodeRunner, RolloutConfig, Scheduler, tasks_for
     from agentrl.store import EpisodeStore, StoreWriter
 
     store_dir.mkdir(parents=True, exist_ok=True)
@@ -75,7 +75,7 @@ async def platform_round(client, tokenizer, episodes: int, turns: int, tokens: i
     async with StoreWriter(store) as writer:
         runner = EpisodeRunner(client, tokenizer, rollout, checkpoint=writer.partial)
         queue = TrajectoryQueue(episodes + 1)
-        scheduler = Scheduler(runner, queue, SchedulerConfig(concurrency=episodes, group_size=1),
+        scheduler = Scheduler(runner, queue, RolloutConfig(concurrency=episodes, group_size=1),
                               writer=writer)  # fmt: skip
         tasks = list(tasks_for("bench/Echo-v0", episodes, first_seed=seed, turns=turns))
         t0 = time.perf_counter()
@@ -107,10 +107,10 @@ async def main_async(args: argparse.Namespace) -> dict:
     conv.add_sampled([5, 6, tokenizer.convert_tokens_to_ids("<|im_end|>")], [0.0] * 3, [0] * 3)
     conv.end_assistant_turn("..", "stop")
     reply, _ = conv.delta_for([{"role": "user", "content": "ok"}])
-    config = InferenceConfig(model=path, max_model_len=1024, max_num_seqs=256)
+    config = InferenceConfig(max_model_len=1024, max_num_seqs=256)
     raw, plat = [], []
     with tempfile.TemporaryDirectory() as tmp:
-        async with await VLLMEngineClient.start(config) as client:
+        async with await VLLMEngineClient.start(path, config) as client:
             tune_gc()  # as agentrl train and agentrl rollout do once started
             await raw_round(client, prompts[:8], reply, args.turns, args.tokens)  # warm-up
             await platform_round(client, tokenizer, 8, args.turns, args.tokens, 0, Path(tmp) / "w")

@@ -30,7 +30,7 @@ async def level_run(client, tokenizer, weights: Path, level: int, updates: int,
     import numpy as np
 
     from agentrl.queue import TrajectoryQueue
-    from agentrl.rollout import EpisodeRunner, RolloutConfig, Scheduler, SchedulerConfig, tasks_for
+    from agentrl.rollout import EpisodeRunner, RolloutConfig, Scheduler, tasks_for
     from agentrl.rollout.controller import RolloutController
     from agentrl.store import EpisodeStore, StoreWriter
 
@@ -43,7 +43,7 @@ async def level_run(client, tokenizer, weights: Path, level: int, updates: int,
     async with StoreWriter(store) as writer:
         runner = EpisodeRunner(client, tokenizer, rollout, checkpoint=writer.partial)
         controller = RolloutController(runner, writer=writer)
-        scheduler = Scheduler(runner, queue, SchedulerConfig(concurrency=level, group_size=1),
+        scheduler = Scheduler(runner, queue, RolloutConfig(concurrency=level, group_size=1),
                               writer=writer)  # fmt: skip
         tasks = list(tasks_for("bench/Echo-v0", episodes, turns=6))
         generation = asyncio.create_task(scheduler.run(tasks))
@@ -85,11 +85,11 @@ async def main_async(args: argparse.Namespace) -> list[dict]:
     tokenizer = AutoTokenizer.from_pretrained(path)
     weights = Path(tempfile.mkdtemp(prefix="agentrl-bench-weights-", dir="/dev/shm"))
     shutil.copy(Path(path) / "model.safetensors", weights / "model.safetensors")
-    config = InferenceConfig(model=path, max_model_len=512, max_num_seqs=256)
+    config = InferenceConfig(max_model_len=512, max_num_seqs=256)
     rows = []
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            async with await VLLMEngineClient.start(config) as client:
+            async with await VLLMEngineClient.start(path, config) as client:
                 tune_gc()
                 for level in args.levels:
                     row = await level_run(client, tokenizer, weights, level, args.updates,

@@ -70,10 +70,9 @@ def lora_adapter(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def client(tiny_model: Path) -> AsyncIterator[Any]:
     """An in-process vLLM engine serving the tiny model (started once per test module)."""
-    from agentrl.inference.base import InferenceConfig
     from agentrl.inference.engine import VLLMEngineClient
 
-    engine = await VLLMEngineClient.start(InferenceConfig(model=str(tiny_model)))
+    engine = await VLLMEngineClient.start(str(tiny_model))
     try:
         yield engine
     finally:

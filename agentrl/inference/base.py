@@ -19,7 +19,10 @@ import math
 from collections.abc import Sequence
 from typing import Literal, Protocol, runtime_checkable
 
+from agentrl.config import InferenceConfig
 from agentrl.errors import ContextOverflowError
+
+__all__ = ["FinishReason", "Generation", "InferenceClient", "InferenceConfig", "SamplingConfig"]
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -97,36 +100,6 @@ class Generation:
                 f"generation {self.request_id!r}: logprobs at positions {bad[:5]} are NaN or "
                 f"positive: {[self.logprobs[i] for i in bad[:5]]}"
             )
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class InferenceConfig:
-    """Settings of a vLLM engine (in-process or served). Defaults suit the tiny CPU model."""
-
-    model: str = "tiny"
-    """A model spec: 'tiny', a model folder, or a hub name (see agentrl.models)."""
-    dtype: str = "float32"
-    """float32 on CPU: bf16 with eager mode or LoRA crashes vLLM's CPU attention (SIGILL)."""
-    max_model_len: int = 512
-    kv_cache_memory_bytes: int = 256 * 2**20
-    """KV cache size; vLLM's default (a fraction of all RAM) fails to start on CPU."""
-    enforce_eager: bool = True
-    seed: int = 0
-    enable_lora: bool = False
-    max_lora_rank: int = 16
-    max_num_seqs: int = 256
-    weight_transfer: str | None = None
-    """vLLM weight-transfer backend for file-less updates ('nccl', GPU only); None: files."""
-    request_timeout_s: float = 300.0
-    """Deadline for one generation request (and for each admin call to a server)."""
-    startup_timeout_s: float = 300.0
-    """How long to wait for an engine or server to become ready."""
-
-    def __post_init__(self) -> None:
-        if self.max_model_len < 2:
-            raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
-        if self.kv_cache_memory_bytes <= 0:
-            raise ValueError(f"kv_cache_memory_bytes must be > 0, got {self.kv_cache_memory_bytes}")
 
 
 @runtime_checkable

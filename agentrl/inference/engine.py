@@ -43,10 +43,13 @@ class VLLMEngineClient:
     Create with :meth:`start`; use as an async context manager or call :meth:`close`.
     """
 
-    def __init__(self, engine: AsyncLLM, config: InferenceConfig, model_path: str) -> None:
+    def __init__(self, engine: AsyncLLM, config: InferenceConfig, model_path: str,
+                 max_lora_rank: int | None = None) -> None:  # fmt: skip
         self._engine = engine
         self.config = config
         self.model_path = model_path
+        self.max_lora_rank = max_lora_rank
+        """The adapter rank LoRA updates may have; None: started without LoRA."""
         self._version = 0
         self._inflight = InflightRequests()
         self._lora: Any = None  # vllm.lora.request.LoRARequest of the served adapter
@@ -55,15 +58,25 @@ class VLLMEngineClient:
         self._closed = False
 
     @classmethod
-    async def start(cls, config: InferenceConfig | None = None) -> VLLMEngineClient:
-        """Start an engine for ``config.model``.
+    async def start(
+        cls,
+        model: str,
+        config: InferenceConfig | None = None,
+        *,
+        seed: int | None = None,
+        max_lora_rank: int | None = None,
+    ) -> VLLMEngineClient:
+        """Start an engine for ``model`` ('tiny', a model folder or a hub name).
+
+        ``seed``: the sampler's seed (``run.seed``; None: vLLM's default).
+        ``max_lora_rank``: serve LoRA adapters up to this rank (None: no LoRA).
 
         Raises:
             ModelNotFoundError: the model spec is not a model.
             EngineStartupError: vLLM did not start within ``startup_timeout_s``.
         """
         config = config or InferenceConfig()
-        model_path = resolve_model(config.model)
+        model_path = resolve_model(model)
         os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -72,11 +85,11 @@ class VLLMEngineClient:
             model=model_path,
             dtype=config.dtype,
             max_model_len=config.max_model_len,
-            kv_cache_memory_bytes=config.kv_cache_memory_bytes,
+            kv_cache_memory_bytes=config.kv_cache_bytes,
             enforce_eager=config.enforce_eager,
-            seed=config.seed,
-            enable_lora=config.enable_lora,
-            max_lora_rank=config.max_lora_rank,
+            **({} if seed is None else {"seed": seed}),
+            enable_lora=max_lora_rank is not None,
+            **({} if max_lora_rank is None else {"max_lora_rank": max_lora_rank}),
             max_num_seqs=config.max_num_seqs,
             # Behaviour logprobs of the distribution actually sampled from (after
             # temperature, top-k, top-p): what importance correction needs.
@@ -106,7 +119,7 @@ class VLLMEngineClient:
             ) from e
         # Keep the engine out of this frame's locals: vLLM's AsyncLLM.__del__ fails at
         # interpreter exit, so close() must be able to drop the last reference.
-        client, engine = cls(engine, config, model_path), None
+        client, engine = cls(engine, config, model_path, max_lora_rank), None
         await client._engine.update_weight_version("0")
         from vllm.platforms import current_platform
 
@@ -245,9 +258,10 @@ class VLLMEngineClient:
         """
         from vllm.lora.request import LoRARequest
 
-        if not self.config.enable_lora:
+        if self.max_lora_rank is None:
             raise WeightSyncError(
-                "this engine was started without LoRA; set inference.enable_lora = true"
+                "this engine was started without LoRA; start it with max_lora_rank set "
+                "(agentrl train does so when trainer.lora.enabled = true)"
             )
         new_version = self._version + 1 if version is None else version
 

@@ -20,7 +20,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -45,15 +44,9 @@ from agentrl.inference.base import (
     clamp_max_tokens,
 )
 from agentrl.models import resolve_model
+from agentrl.net import free_port
 
 logger = logging.getLogger(__name__)
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class VLLMServer:
@@ -85,8 +78,11 @@ class VLLMServer:
     @classmethod
     async def start(
         cls,
+        model: str,
         config: InferenceConfig | None = None,
         *,
+        seed: int | None = None,
+        max_lora_rank: int | None = None,
         port: int | None = None,
         log_dir: str | Path | None = None,
     ) -> VLLMServer:
@@ -99,7 +95,7 @@ class VLLMServer:
         """
         config = config or InferenceConfig()
         port = port or free_port()
-        command, env = server_command(config, port)
+        command, env = server_command(model, config, port, seed=seed, max_lora_rank=max_lora_rank)
         log_dir = Path(log_dir) if log_dir is not None else Path.cwd()
         log_dir.mkdir(parents=True, exist_ok=True)
         log_path = log_dir / f"vllm-server-{port}.log"
@@ -189,15 +185,24 @@ class VLLMServer:
 
 
 def server_command(
-    config: InferenceConfig, port: int, host: str = "127.0.0.1"
+    model: str,
+    config: InferenceConfig,
+    port: int,
+    host: str = "127.0.0.1",
+    *,
+    seed: int | None = None,
+    max_lora_rank: int | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """The ``vllm serve`` command line and environment agentrl's client needs.
+
+    ``seed``: the sampler's seed (None: vLLM's default); ``max_lora_rank``: serve LoRA
+    adapters up to this rank (None: no LoRA).
 
     Dev mode turns on the weight-update routes; runtime LoRA updating the adapter
     routes; ``processed_logprobs`` makes the behaviour logprobs those of the sampling
     distribution (after temperature).
     """
-    model_path = resolve_model(config.model)
+    model_path = resolve_model(model)
     command = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", model_path,
@@ -205,16 +210,17 @@ def server_command(
         "--port", str(port),
         "--dtype", config.dtype,
         "--max-model-len", str(config.max_model_len),
-        "--kv-cache-memory-bytes", str(config.kv_cache_memory_bytes),
-        "--seed", str(config.seed),
+        "--kv-cache-memory-bytes", str(config.kv_cache_bytes),
         "--max-num-seqs", str(config.max_num_seqs),
         "--logprobs-mode", "processed_logprobs",
         "--disable-log-stats",
     ]  # fmt: skip
+    if seed is not None:
+        command += ["--seed", str(seed)]
     if config.enforce_eager:
         command.append("--enforce-eager")
-    if config.enable_lora:
-        command += ["--enable-lora", "--max-lora-rank", str(config.max_lora_rank)]
+    if max_lora_rank is not None:
+        command += ["--enable-lora", "--max-lora-rank", str(max_lora_rank)]
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
     return command, env
 

@@ -34,7 +34,6 @@ discarded and the time to write the checkpoints.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any, Literal
@@ -44,6 +43,7 @@ import numpy as np
 from agentrl import faults
 from agentrl.errors import ConfigError
 from agentrl.metrics import Metrics
+from agentrl.protocols import UpdateStats
 from agentrl.rollout.runner import EpisodeRunner
 from agentrl.store import StoreWriter
 
@@ -51,28 +51,11 @@ UpdatePolicy = Literal["resume", "keep", "drop"]
 POLICIES = ("resume", "keep", "drop")
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class UpdateStats:
-    """What one weight update cost."""
-
-    version: int
-    policy: str
-    source: str
-    pause_to_resume_s: float
-    reload_s: float
-    store_write_s: float
-    episodes_paused: int
-    requests_aborted: int
-    tokens_reprefilled: int
-    tokens_discarded: int
-    episodes_dropped: int
-
-    def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
 class RolloutController:
     """Runs weight updates around a live :class:`EpisodeRunner`.
+
+    Implements :class:`~agentrl.protocols.WeightSync`, the only thing the trainer sees
+    of it.
 
     Args:
         runner: the runner whose episodes are paused; its admission gate is created

@@ -22,30 +22,55 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agentrl.config import RunConfig
 from agentrl.errors import ConfigError
 from agentrl.store import STORE_FILE, EpisodeStore
 from agentrl.types import Group
 
+ROLLOUT_KIND = "rollout"
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class RolloutJob:
-    env_id: str
+    """``episodes`` episodes of ``config.env.id`` (``config.rollout.group_size`` per task).
+
+    ``config`` is the same tree ``agentrl train`` reads: ``[model]``, ``[env]``,
+    ``[inference]`` and ``[rollout]`` apply (``inference.mode = "server"`` goes through
+    one `vllm serve` agentrl starts); the other sections are recorded, not used.
+    """
+
+    config: RunConfig
     episodes: int
     out_dir: Path
-    model: str = "tiny"
-    group_size: int = 1
-    concurrency: int = 64
-    via_server: bool = False
-    first_seed: int = 0
-    max_turns: int = 8
-    max_tokens_per_turn: int = 64
-    temperature: float = 1.0
+
+    @property
+    def env_id(self) -> str:
+        return self.config.env.id
 
     def settings(self) -> dict[str, Any]:
-        """What a resumed run must reuse (everything but the run directory)."""
-        out = dataclasses.asdict(self)
-        del out["out_dir"]
-        return out
+        """What the store records (a resumed run reuses it): the config and the count."""
+        return {**self.config.to_dict(), "job": {"episodes": self.episodes}}
+
+
+def recorded_config(store: EpisodeStore) -> tuple[RunConfig, dict[str, Any]]:
+    """The config a run directory's first run recorded (train or rollout), and the
+    rollout job's extras (``{"episodes": N}``; empty for a train run).
+
+    Raises:
+        ConfigError: the store records no run, or one from an older agentrl.
+    """
+    runs = store.runs()
+    if not runs:
+        raise ConfigError(f"{store.path.parent} records no run (its store has no runs table rows)")
+    settings = dict(runs[0]["config"])
+    extras = settings.pop("job", {})
+    try:
+        return RunConfig.from_dict(settings), extras
+    except ConfigError as e:
+        raise ConfigError(
+            f"{store.path.parent} was recorded by an older agentrl whose config this version "
+            f"cannot read ({e}); pass the settings on the command line instead"
+        ) from None
 
 
 def resumed_job(out_dir: Path, env_id: str | None = None) -> RolloutJob:
@@ -57,10 +82,10 @@ def resumed_job(out_dir: Path, env_id: str | None = None) -> RolloutJob:
         )
     with EpisodeStore.open(out_dir, create=False) as store:
         runs = store.runs()
-    first = next((r for r in runs if r["kind"] == "rollout"), None)
-    if first is None:
-        raise ConfigError(f"--resume: {str(out_dir)!r} was not written by `agentrl rollout`")
-    job = RolloutJob(out_dir=out_dir, **first["config"])
+        if not runs or runs[0]["kind"] != ROLLOUT_KIND:
+            raise ConfigError(f"--resume: {str(out_dir)!r} was not written by `agentrl rollout`")
+        config, extras = recorded_config(store)
+    job = RolloutJob(config=config, episodes=int(extras["episodes"]), out_dir=out_dir)
     if env_id is not None and env_id != job.env_id:
         raise ConfigError(
             f"--resume: {str(out_dir)!r} is a rollout of {job.env_id!r}, not {env_id!r}"
@@ -72,16 +97,18 @@ async def run_rollout(job: RolloutJob, *, resume: bool = False) -> dict[str, Any
     """Run (or continue) the job with a live progress bar; return the summary it writes."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from agentrl.inference import InferenceConfig, VLLMEngineClient, VLLMServer, VLLMServerClient
+    from agentrl.inference import VLLMEngineClient, VLLMServer, VLLMServerClient
     from agentrl.metrics import LoopLagMonitor, tune_gc
     from agentrl.queue import TrajectoryQueue
-    from agentrl.rollout import EpisodeRunner, RolloutConfig, Scheduler, SchedulerConfig, tasks_for
+    from agentrl.rollout import EpisodeRunner, Scheduler, tasks_for
     from agentrl.store import StoreWriter
 
-    if job.episodes < 1 or job.episodes % job.group_size:
+    cfg = job.config
+    group_size = cfg.rollout.group_size
+    if job.episodes < 1 or job.episodes % group_size:
         raise ConfigError(
             f"--episodes ({job.episodes}) must be a positive multiple of --group-size "
-            f"({job.group_size})"
+            f"({group_size}) (rollout.group_size)"
         )
     out = Path(job.out_dir)
     if not resume and (out / STORE_FILE).exists():
@@ -89,21 +116,19 @@ async def run_rollout(job: RolloutJob, *, resume: bool = False) -> dict[str, Any
             f"{str(out)!r} already holds a run; continue it with --resume, or choose another --out"
         )
     path, tokenizer = await asyncio.to_thread(_prepare, job, out)
-    config = InferenceConfig(model=path)
-    rollout = RolloutConfig(max_turns=job.max_turns, max_tokens_per_turn=job.max_tokens_per_turn,
-                            temperature=job.temperature)  # fmt: skip
-    groups = job.episodes // job.group_size
+    groups = job.episodes // group_size
     summary: dict[str, Any] = {}
     store = EpisodeStore.open(out)
-    store.begin_run("rollout", job.settings())
+    store.begin_run(ROLLOUT_KIND, job.settings())
     states = store.task_states()
-    all_tasks = list(tasks_for(job.env_id, groups, first_seed=job.first_seed))
+    all_tasks = list(tasks_for(job.env_id, groups, first_seed=cfg.env.first_seed,
+                               **cfg.env.kwargs))  # fmt: skip
     todo = [t for t in all_tasks if states.get(t.task_id, "pending") == "pending"]
-    already = (len(all_tasks) - len(todo)) * job.group_size
+    already = (len(all_tasks) - len(todo)) * group_size
 
     async def run(client: Any) -> None:
         async with StoreWriter(store) as writer:
-            runner = EpisodeRunner(client, tokenizer, rollout, checkpoint=writer.partial)
+            runner = EpisodeRunner(client, tokenizer, cfg.rollout, checkpoint=writer.partial)
             queue = TrajectoryQueue(max(groups, 1))
             tune_gc()
             done = {"episodes": already}
@@ -126,8 +151,7 @@ async def run_rollout(job: RolloutJob, *, resume: bool = False) -> dict[str, Any
                 scheduler = Scheduler(
                     runner,
                     queue,
-                    SchedulerConfig(concurrency=max(job.concurrency, job.group_size),
-                                    group_size=job.group_size),
+                    cfg.rollout,
                     on_group=on_group,
                     writer=writer,
                     resume=resume,
@@ -144,12 +168,14 @@ async def run_rollout(job: RolloutJob, *, resume: bool = False) -> dict[str, Any
         )
 
     try:
-        if job.via_server:
-            async with await VLLMServer.start(config, log_dir=out / "logs") as server:
-                async with VLLMServerClient(server.url, config) as client:
+        if cfg.inference.mode == "server":
+            async with await VLLMServer.start(path, cfg.inference, seed=cfg.run.seed,
+                                              log_dir=out / "logs") as server:  # fmt: skip
+                async with VLLMServerClient(server.url, cfg.inference) as client:
                     await run(client)
         else:
-            async with await VLLMEngineClient.start(config) as client:
+            async with await VLLMEngineClient.start(path, cfg.inference,
+                                                    seed=cfg.run.seed) as client:  # fmt: skip
                 await run(client)
         summary.update(await asyncio.to_thread(_export, store, out))
     finally:
@@ -186,9 +212,9 @@ def _prepare(job: RolloutJob, out: Path) -> tuple[str, Any]:
     from agentrl.models import resolve_model
 
     try:
-        make_env(job.env_id).close()
+        make_env(job.env_id, **job.config.env.kwargs).close()
     except gym.error.Error as e:
         raise ConfigError(f"cannot make env {job.env_id!r}: {e}") from e
     out.mkdir(parents=True, exist_ok=True)
-    path = resolve_model(job.model)
+    path = resolve_model(job.config.model.path)
     return path, AutoTokenizer.from_pretrained(path)

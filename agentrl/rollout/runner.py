@@ -38,6 +38,7 @@ from typing import Any
 
 from agentrl import faults
 from agentrl.chat import Conversation, as_messages
+from agentrl.config import RolloutConfig
 from agentrl.env import EnvHandle, make_env, supports_state
 from agentrl.errors import ContextOverflowError, InfraError
 from agentrl.inference.base import InferenceClient, SamplingConfig
@@ -49,30 +50,10 @@ from agentrl.types import EpisodeStatus, PartialEpisode, Task, Timings, Trajecto
 _request_ids = itertools.count()
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class RolloutConfig:
-    """How episodes are run."""
-
-    max_turns: int = 8
-    """Assistant turns per episode (tool turns included)."""
-    max_tool_calls: int = 8
-    max_tokens_per_turn: int = 64
-    temperature: float = 1.0
-    top_p: float = 1.0
-    tool_timeout_s: float = 10.0
-    env_timeout_s: float = 60.0
-    """Deadline for one env reset or step; past it the episode fails."""
-    ignore_eos: bool = False
-    """Every turn samples exactly max_tokens_per_turn (benchmarks)."""
-
-    def __post_init__(self) -> None:
-        for name in ("max_turns", "max_tokens_per_turn"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"RolloutConfig.{name} must be >= 1, got {getattr(self, name)}")
-
-    def sampling(self, max_tokens: int) -> SamplingConfig:
-        return SamplingConfig(max_tokens=max_tokens, temperature=self.temperature,
-                              top_p=self.top_p, ignore_eos=self.ignore_eos)  # fmt: skip
+def sampling(config: RolloutConfig, max_tokens: int) -> SamplingConfig:
+    """The sampling parameters of one assistant turn under ``config``."""
+    return SamplingConfig(max_tokens=max_tokens, temperature=config.temperature,
+                          top_p=config.top_p, ignore_eos=config.ignore_eos)  # fmt: skip
 
 
 @dataclasses.dataclass(slots=True)
@@ -534,7 +515,7 @@ class EpisodeRunner:
             try:
                 gen = await self.client.generate(
                     conversation.token_ids,
-                    self.config.sampling(max_tokens),
+                    sampling(self.config, max_tokens),
                     f"{ep.episode_id}-{next(_request_ids)}",
                 )
             except ContextOverflowError as e:

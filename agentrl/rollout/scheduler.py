@@ -4,9 +4,9 @@ Each task runs as a group of ``group_size`` episodes with the same env and seed 
 group-relative advantages); at most ``concurrency`` episodes run at once, all in one
 ``asyncio.TaskGroup``. A group is queued only when every episode in it has ended.
 
-Admission control (off when ``max_staleness`` is None). With ``B`` trajectories per
-optimizer step (``batch_size``) and the trainer at version ``v``, a new group of ``G``
-episodes is admitted only if
+Admission control (off when ``max_staleness`` or ``batch_size`` is None). With ``B``
+trajectories per optimizer step (``batch_size``) and the trainer at version ``v``, a new
+group of ``G`` episodes is admitted only if
 
     started + G <= (v + max_staleness + 1) * B
 
@@ -31,11 +31,11 @@ from their checkpoint, and only the rest run from the start.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
 from typing import Any
 
+from agentrl.config import RolloutConfig
 from agentrl.errors import ConfigError
 from agentrl.metrics import Metrics
 from agentrl.queue import TrajectoryQueue
@@ -44,42 +44,18 @@ from agentrl.store import StoreWriter
 from agentrl.types import Group, PartialEpisode, Task, Trajectory
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class SchedulerConfig:
-    concurrency: int = 64
-    group_size: int = 4
-    max_retries: int = 1
-    max_staleness: int | None = None
-    batch_size: int | None = None
-    """Trajectories per optimizer step (needed with max_staleness)."""
-
-    def __post_init__(self) -> None:
-        if self.concurrency < 1 or self.group_size < 1:
-            raise ConfigError(
-                f"concurrency ({self.concurrency}) and group_size ({self.group_size}) must be >= 1"
-            )
-        if self.concurrency < self.group_size:
-            raise ConfigError(
-                f"concurrency ({self.concurrency}) must be at least group_size "
-                f"({self.group_size}): a group's episodes run at the same time"
-            )
-        if self.max_staleness is not None:
-            if self.max_staleness < 0:
-                raise ConfigError(f"max_staleness must be >= 0, got {self.max_staleness}")
-            if self.batch_size is None or self.batch_size < self.group_size:
-                raise ConfigError(
-                    f"with max_staleness set, batch_size ({self.batch_size}) must be at least "
-                    f"group_size ({self.group_size}), or no group could ever be admitted"
-                )
-
-
 class Scheduler:
     """Runs tasks as groups of episodes and puts complete groups into a queue.
+
+    Implements :class:`~agentrl.protocols.RolloutSource`, what the training loop drives.
 
     Args:
         runner: runs one episode.
         queue: where complete groups go (``put`` blocks when it is full).
-        config: concurrency, group size, retries, staleness bound.
+        config: concurrency, group size, retries, staleness bound (``[rollout]``).
+        batch_size: trajectories per optimizer step; with it, admission keeps every
+            episode within ``config.max_staleness`` versions of the trainer. None (no
+            trainer consumes the groups): no staleness bound.
         version: the trainer's current version (for admission); defaults to the
             engine's version.
         on_group: called with each complete group before it is queued.
@@ -89,8 +65,9 @@ class Scheduler:
         self,
         runner: EpisodeRunner,
         queue: TrajectoryQueue,
-        config: SchedulerConfig | None = None,
+        config: RolloutConfig | None = None,
         *,
+        batch_size: int | None = None,
         version: Callable[[], int] | None = None,
         metrics: Metrics | None = None,
         on_group: Callable[[Group], Any] | None = None,
@@ -99,7 +76,13 @@ class Scheduler:
     ) -> None:
         self.runner = runner
         self.queue = queue
-        self.config = config or SchedulerConfig()
+        self.config = config or RolloutConfig()
+        if batch_size is not None and batch_size < self.config.group_size:
+            raise ConfigError(
+                f"batch_size ({batch_size}) must be at least rollout.group_size "
+                f"({self.config.group_size}), or no group could ever be admitted"
+            )
+        self.batch_size = batch_size
         self.version = version or (lambda: runner.client.version)
         self.metrics = metrics or runner.metrics
         self.on_group = on_group
@@ -118,9 +101,9 @@ class Scheduler:
     def capacity_left(self) -> int | None:
         """Episodes that may still be admitted at the current version (None: unbounded)."""
         cfg = self.config
-        if cfg.max_staleness is None or cfg.batch_size is None:
+        if cfg.max_staleness is None or self.batch_size is None:
             return None
-        return (self.version() + cfg.max_staleness + 1) * cfg.batch_size - self.started
+        return (self.version() + cfg.max_staleness + 1) * self.batch_size - self.started
 
     async def notify_version(self) -> None:
         """Call after the trainer publishes a version: admission may open up."""

@@ -27,11 +27,11 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from agentrl.errors import ConfigError
+from agentrl.config import TrainConfig
+from agentrl.protocols import RolloutSource
 from agentrl.queue import TrajectoryQueue
-from agentrl.rollout.scheduler import Scheduler
 from agentrl.store import EpisodeStore
 from agentrl.trace import CHECKPOINT_LANE, SYNC_LANE, TRAIN_LANE, TRAINER, Tracer
 from agentrl.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -40,25 +40,6 @@ from agentrl.trainer.trainer import StepStats, Trainer
 from agentrl.types import Group, Task
 
 logger = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class LoopConfig:
-    steps: int
-    """Optimizer steps to run in total (a resumed run counts the ones already done)."""
-    groups_per_step: int
-    mode: Literal["async", "sync"] = "async"
-    checkpoint_every: int = 1
-    """Steps between trainer checkpoints (0: never)."""
-
-    def __post_init__(self) -> None:
-        if self.mode not in ("async", "sync"):
-            raise ConfigError(f"train.mode = {self.mode!r}; use async or sync")
-        if self.steps < 1 or self.groups_per_step < 1:
-            raise ConfigError(
-                f"train.steps ({self.steps}) and groups_per_step ({self.groups_per_step}) "
-                f"must be >= 1"
-            )
 
 
 @dataclasses.dataclass(slots=True)
@@ -77,9 +58,9 @@ class TrainLoop:
         self,
         trainer: Trainer,
         publisher: WeightPublisher,
-        scheduler: Scheduler,
+        scheduler: RolloutSource,
         queue: TrajectoryQueue,
-        config: LoopConfig,
+        config: TrainConfig,
         *,
         store: EpisodeStore | None = None,
         checkpoint_dir: Path | None = None,

@@ -32,57 +32,16 @@ the token ratios of each sequence).
 
 from __future__ import annotations
 
-import dataclasses
+import typing
 from typing import Literal
 
 import torch
 
+from agentrl.config import CorrectionMode, LossConfig, LossKind
 from agentrl.errors import ConfigError
 
-LossKind = Literal["grpo", "dapo", "dr_grpo", "cispo", "bnpo"]
-LOSSES = ("grpo", "dapo", "dr_grpo", "cispo", "bnpo")
-CorrectionMode = Literal["none", "token_truncate", "token_mask", "sequence_truncate",
-                         "sequence_mask"]  # fmt: skip
-CORRECTIONS = ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class LossConfig:
-    kind: LossKind = "dapo"
-    epsilon_low: float = 0.2
-    epsilon_high: float = 0.28
-    """The upper clip (DAPO's clip-higher); for ``cispo`` the cap of the ratio."""
-    delta: float | None = None
-    """Two-sided clipping: cap the unclipped ratio at ``delta`` too (None: off)."""
-    ratio_level: Literal["token", "sequence"] = "token"
-    """``sequence``: GSPO's sequence-level ratio."""
-    beta: float = 0.0
-    """KL coefficient against the reference policy (0: no KL, no reference pass)."""
-    kl_bias_correction: bool = True
-    """Multiply the KL estimate by the importance ratio (TRL's default)."""
-    max_completion_length: int = 512
-    """``dr_grpo``'s constant normaliser (tokens per sequence)."""
-    correction: CorrectionMode = "token_truncate"
-    """Importance correction against the behaviour policy (vLLM's logprobs)."""
-    correction_min: float | None = 0.0
-    correction_max: float | None = 2.0
-    max_token_staleness: int | None = None
-    """Mask tokens sampled more than this many versions ago (None: keep all)."""
-
-    def __post_init__(self) -> None:
-        if self.kind not in LOSSES:
-            raise ConfigError(f"trainer.loss = {self.kind!r}; use one of {LOSSES}")
-        if self.correction not in CORRECTIONS:
-            raise ConfigError(f"trainer.correction = {self.correction!r}; use one of {CORRECTIONS}")
-        if self.ratio_level not in ("token", "sequence"):
-            raise ConfigError(f"trainer.ratio_level = {self.ratio_level!r}; use token or sequence")
-        if not (0 <= self.epsilon_low < 1 and self.epsilon_high >= 0):
-            raise ConfigError(
-                f"epsilon_low must be in [0, 1) and epsilon_high >= 0; got "
-                f"{self.epsilon_low} and {self.epsilon_high}"
-            )
-        if self.beta < 0:
-            raise ConfigError(f"trainer.beta must be >= 0, got {self.beta}")
+LOSSES: tuple[str, ...] = typing.get_args(LossKind)
+CORRECTIONS: tuple[str, ...] = typing.get_args(CorrectionMode)
 
 
 def importance_weights(

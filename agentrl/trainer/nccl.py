@@ -24,6 +24,7 @@ import time
 from typing import Any
 
 from agentrl.errors import WeightSyncError
+from agentrl.net import free_port
 
 
 def nccl_available() -> bool:
@@ -115,8 +116,6 @@ class NCCLWeightSender:
         from vllm.distributed.weight_transfer.base import ModuleSource
         from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
         from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
-
-        from agentrl.inference.server import free_port
 
         info = NCCLTrainerInitInfo(
             master_address="127.0.0.1",

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agentrl.rollout.controller import RolloutController, UpdateStats
+from agentrl.protocols import UpdateStats, WeightSync
 from agentrl.trainer.trainer import Trainer
 
 
@@ -61,7 +61,7 @@ class WeightPublisher:
     def __init__(
         self,
         trainer: Trainer,
-        controller: RolloutController,
+        controller: WeightSync,
         directory: Path | None = None,
         keep: int = 2,
         sender: Any = None,

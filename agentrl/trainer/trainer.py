@@ -23,55 +23,18 @@ import logging
 import os
 import time
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 from agentrl import faults
+from agentrl.config import TrainerConfig
 from agentrl.errors import ConfigError
 from agentrl.trainer.batch import MicroBatch, micro_batches, rows_from_groups
-from agentrl.trainer.losses import LossConfig, importance_weights, policy_loss
+from agentrl.trainer.losses import importance_weights, policy_loss
 from agentrl.types import Group
 
 logger = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class LoraSettings:
-    r: int = 8
-    alpha: int = 16
-    dropout: float = 0.0
-    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class TrainerConfig:
-    lr: float = 1e-5
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    max_grad_norm: float = 1.0
-    loss: LossConfig = dataclasses.field(default_factory=LossConfig)
-    scale_rewards: Literal["group", "batch", "none"] = "group"
-    micro_batch_tokens: int = 4096
-    temperature: float = 1.0
-    """The sampling temperature: logprobs are taken of logits / temperature, as vLLM's."""
-    lora: LoraSettings | None = None
-    seed: int = 0
-    torch_threads: int | None = 1
-    """Threads for the trainer's math (None: torch's default)."""
-
-    def __post_init__(self) -> None:
-        if self.lr <= 0:
-            raise ConfigError(f"trainer.lr must be > 0, got {self.lr}")
-        if self.temperature <= 0:
-            raise ConfigError(
-                f"trainer.temperature must be > 0 (it must equal the sampling temperature), "
-                f"got {self.temperature}"
-            )
-        if self.micro_batch_tokens < 1:
-            raise ConfigError(
-                f"trainer.micro_batch_tokens must be >= 1, got {self.micro_batch_tokens}"
-            )
 
 
 @dataclasses.dataclass(slots=True)
@@ -104,9 +67,18 @@ class Trainer:
     """Holds the model and optimizer; :meth:`train_step` runs one optimizer step."""
 
     def __init__(
-        self, model_path: str, config: TrainerConfig | None = None, *, accelerator: Any = None
+        self,
+        model_path: str,
+        config: TrainerConfig | None = None,
+        *,
+        temperature: float,
+        seed: int,
+        accelerator: Any = None,
     ) -> None:
         """Load the model (and a LoRA adapter, and a reference model for KL).
+
+        ``temperature``: the sampling temperature (``rollout.temperature``); logprobs
+        are taken of logits / temperature, as vLLM's are. ``seed``: ``run.seed``.
 
         ``accelerator``: an ``accelerate.Accelerator`` to train across processes (DDP,
         or FSDP2 as configured); every rank builds its Trainer the same way and calls
@@ -114,13 +86,19 @@ class Trainer:
         """
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        if not temperature > 0:
+            raise ConfigError(
+                f"rollout.temperature = {temperature!r}; training needs it > 0 (logprobs are "
+                f"taken of logits / temperature)"
+            )
         self.config = config or TrainerConfig()
-        torch.manual_seed(self.config.seed)
+        self.temperature = temperature
+        torch.manual_seed(seed)
         self.model_path = model_path
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
         self.ref_model: Any = None
-        if self.config.lora is not None:
+        if self.config.lora.enabled:
             from peft import LoraConfig, get_peft_model
 
             lora = self.config.lora
@@ -156,7 +134,7 @@ class Trainer:
 
     @property
     def is_lora(self) -> bool:
-        return self.config.lora is not None
+        return self.config.lora.enabled
 
     def _sharded(self) -> bool:
         if self.accelerator is None:
@@ -205,7 +183,7 @@ class Trainer:
         from trl.trainer.utils import selective_log_softmax
 
         logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
-        return selective_log_softmax(logits[:, :-1, :], mb.targets, self.config.temperature)
+        return selective_log_softmax(logits[:, :-1, :], mb.targets, self.temperature)
 
     def score(self, groups: Sequence[Group]) -> list[tuple[torch.Tensor, MicroBatch]]:
         """Current-policy logprobs of every micro-batch (no gradient), for diagnostics."""

@@ -39,25 +39,25 @@ class Settings:
 
 
 async def train(out: Path, settings: Settings, resume: bool) -> dict[str, float]:
-    from agentrl.inference import InferenceConfig, VLLMEngineClient
+    from agentrl.config import LossConfig, TrainConfig, TrainerConfig
+    from agentrl.inference import VLLMEngineClient
     from agentrl.models import resolve_model
     from agentrl.queue import TrajectoryQueue
-    from agentrl.rollout import EpisodeRunner, RolloutConfig, Scheduler, SchedulerConfig, tasks_for
+    from agentrl.rollout import EpisodeRunner, RolloutConfig, Scheduler, tasks_for
     from agentrl.rollout.controller import RolloutController
     from agentrl.store import EpisodeStore, StoreWriter
-    from agentrl.trainer.loop import LoopConfig, StepRecord, TrainLoop
-    from agentrl.trainer.losses import LossConfig
+    from agentrl.trainer.loop import StepRecord, TrainLoop
     from agentrl.trainer.publish import WeightPublisher
-    from agentrl.trainer.trainer import Trainer, TrainerConfig
+    from agentrl.trainer.trainer import Trainer
 
     path = resolve_model(settings.model)
-    trainer = Trainer(path, TrainerConfig(lr=settings.lr, loss=LossConfig(settings.loss),  # type: ignore[arg-type]
-                                          seed=settings.seed))  # fmt: skip
+    trainer = Trainer(path, TrainerConfig(lr=settings.lr, loss=LossConfig(settings.loss)),  # type: ignore[arg-type]
+                      temperature=1.0, seed=settings.seed)  # fmt: skip
     batch = settings.group_size * settings.groups_per_step
     store = EpisodeStore.open(out)
     store.begin_run("train", dataclasses.asdict(settings))
     try:
-        async with await VLLMEngineClient.start(InferenceConfig(model=path)) as engine:
+        async with await VLLMEngineClient.start(path, seed=settings.seed) as engine:
             async with StoreWriter(store) as writer:
                 rollout = RolloutConfig(max_turns=1, max_tokens_per_turn=settings.max_tokens)
                 runner = EpisodeRunner(engine, trainer.tokenizer, rollout,
@@ -66,9 +66,9 @@ async def train(out: Path, settings: Settings, resume: bool) -> dict[str, float]
                 queue = TrajectoryQueue(2 * settings.groups_per_step)
                 scheduler = Scheduler(
                     runner, queue,
-                    SchedulerConfig(concurrency=batch, group_size=settings.group_size,
-                                    max_staleness=settings.max_staleness, batch_size=batch),
-                    version=lambda: trainer.version, writer=writer, resume=resume,
+                    RolloutConfig(concurrency=batch, group_size=settings.group_size,
+                                  max_staleness=settings.max_staleness),
+                    batch_size=batch, version=lambda: trainer.version, writer=writer, resume=resume,
                 )  # fmt: skip
                 publisher = WeightPublisher(trainer, controller)
 
@@ -81,8 +81,8 @@ async def train(out: Path, settings: Settings, resume: bool) -> dict[str, float]
                           flush=True)  # fmt: skip
 
                 loop = TrainLoop(trainer, publisher, scheduler, queue,
-                                 LoopConfig(settings.steps, settings.groups_per_step,
-                                            mode=settings.mode),  # type: ignore[arg-type]
+                                 TrainConfig(settings.steps, settings.groups_per_step,
+                                             mode=settings.mode, checkpoint_every=1),  # type: ignore[arg-type]
                                  store=store, checkpoint_dir=out / "checkpoints",
                                  on_step=show)  # fmt: skip
                 if resume:

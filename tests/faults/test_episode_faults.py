@@ -37,7 +37,7 @@ from agentrl.env import AsyncTextEnv, TextEnv, parse_final_answer, register_env
 from agentrl.errors import ContextOverflowError
 from agentrl.inference.base import Generation, SamplingConfig
 from agentrl.queue import TrajectoryQueue
-from agentrl.rollout import EpisodeRunner, RolloutConfig, Scheduler, SchedulerConfig, tasks_for
+from agentrl.rollout import EpisodeRunner, RolloutConfig, Scheduler, tasks_for
 from agentrl.types import Group, Task, Trajectory
 from envs.python_puzzle import PythonPuzzleEnv
 from tests.rollout.fakes import ScriptedClient
@@ -210,7 +210,7 @@ async def run_tasks(
     """Run ``tasks`` (or ``tasks(runner)``) through a scheduler; return every queued group."""
     runner = EpisodeRunner(client, client.tokenizer, config)
     queue = TrajectoryQueue(1000)
-    scheduler = Scheduler(runner, queue, SchedulerConfig(concurrency=concurrency,
+    scheduler = Scheduler(runner, queue, RolloutConfig(concurrency=concurrency,
                                                          group_size=group_size,
                                                          max_retries=max_retries))  # fmt: skip
     await scheduler.run(tasks(runner) if callable(tasks) else tasks)

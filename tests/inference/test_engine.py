@@ -9,7 +9,6 @@ import pytest
 import pytest_asyncio
 
 from agentrl.errors import ModelNotFoundError
-from agentrl.inference.base import InferenceConfig
 from agentrl.inference.engine import VLLMEngineClient
 from tests.inference.client_contract import ClientContract
 
@@ -18,8 +17,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module")]
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def client(tiny_model: Path) -> AsyncIterator[VLLMEngineClient]:
-    config = InferenceConfig(model=str(tiny_model), enable_lora=True, max_lora_rank=8)
-    engine = await VLLMEngineClient.start(config)
+    engine = await VLLMEngineClient.start(str(tiny_model), max_lora_rank=8)
     try:
         yield engine
     finally:
@@ -33,6 +31,6 @@ class TestEngineClient(ClientContract):
 
 async def test_missing_model_path_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ModelNotFoundError, match="does not exist"):
-        await VLLMEngineClient.start(InferenceConfig(model=str(tmp_path / "no-such-model")))
+        await VLLMEngineClient.start(str(tmp_path / "no-such-model"))
     with pytest.raises(ModelNotFoundError, match=r"no config\.json"):
-        await VLLMEngineClient.start(InferenceConfig(model=str(tmp_path)))
+        await VLLMEngineClient.start(str(tmp_path))

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
 import os
 import signal
 import time
@@ -23,12 +22,12 @@ import pytest
 from agentrl.errors import EngineError
 from agentrl.inference import InferenceConfig, ServerPool, VLLMServer
 from agentrl.queue import TrajectoryQueue
-from agentrl.rollout import EpisodeRunner, RolloutConfig, Scheduler, SchedulerConfig, tasks_for
+from agentrl.rollout import EpisodeRunner, RolloutConfig, Scheduler, tasks_for
 from agentrl.rollout.controller import RolloutController
 
 pytestmark = [pytest.mark.timeout(600)]
 
-CONFIG = InferenceConfig(max_model_len=512, kv_cache_memory_bytes=64 * 2**20,
+CONFIG = InferenceConfig(max_model_len=512, kv_cache_mib=64,
                          max_num_seqs=64, startup_timeout_s=240)  # fmt: skip
 
 
@@ -49,9 +48,9 @@ def _episode(request_id: str) -> str:
 async def test_killed_server_fails_over_restarts_and_catches_up(
     tiny_model: Path, perturbed_weights: Path, tokenizer: Any, tmp_path: Path
 ) -> None:
-    config = dataclasses.replace(CONFIG, model=str(tiny_model))
+    config = CONFIG
     servers = await asyncio.gather(
-        *(VLLMServer.start(config, log_dir=tmp_path / "logs") for _ in range(2))
+        *(VLLMServer.start(str(tiny_model), config, log_dir=tmp_path / "logs") for _ in range(2))
     )
     victim, survivor = servers
     try:
@@ -63,7 +62,7 @@ async def test_killed_server_fails_over_restarts_and_catches_up(
             rollout = RolloutConfig(max_turns=4, max_tokens_per_turn=48)
             runner = EpisodeRunner(pool, tokenizer, rollout)
             controller = RolloutController(runner, policy="resume")
-            scheduler = Scheduler(runner, queue, SchedulerConfig(concurrency=24, group_size=2))
+            scheduler = Scheduler(runner, queue, RolloutConfig(concurrency=24, group_size=2))
             job = asyncio.create_task(scheduler.run(tasks_for("agentrl/GuessNumber-v0", 48)))
 
             # Let both servers sample, then kill one with requests in flight on it.
@@ -81,7 +80,7 @@ async def test_killed_server_fails_over_restarts_and_catches_up(
             await until(lambda: any(e.event == "up" for e in pool.events), "the victim back")
             back_at = len(pool.routes)
             again = TrajectoryQueue(100)
-            more = Scheduler(runner, again, SchedulerConfig(concurrency=16, group_size=2))
+            more = Scheduler(runner, again, RolloutConfig(concurrency=16, group_size=2))
             await more.run(tasks_for("agentrl/GuessNumber-v0", 8, first_seed=1000))
             extra = [t for _ in range(len(again)) for t in (await again.get()).trajectories]
     finally:
@@ -126,8 +125,8 @@ async def test_killed_server_fails_over_restarts_and_catches_up(
 @pytest.mark.vllm
 async def test_no_server_left_stops_with_a_clear_message(tiny_model: Path, tmp_path: Path) -> None:
     """An external server (not ours: no restart) dies; requests wait, then a clear error."""
-    config = dataclasses.replace(CONFIG, model=str(tiny_model))
-    server = await VLLMServer.start(config, log_dir=tmp_path / "logs")
+    config = CONFIG
+    server = await VLLMServer.start(str(tiny_model), config, log_dir=tmp_path / "logs")
     try:
         async with ServerPool([server.url], config, health_interval_s=0.2,
                               reconnect_timeout_s=3) as pool:  # fmt: skip

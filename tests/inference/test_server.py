@@ -21,8 +21,10 @@ pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module")]
 async def client(
     tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[VLLMServerClient]:
-    config = InferenceConfig(model=str(tiny_model), enable_lora=True, max_lora_rank=8)
-    server = await VLLMServer.start(config, log_dir=tmp_path_factory.mktemp("server-logs"))
+    config = InferenceConfig()
+    server = await VLLMServer.start(
+        str(tiny_model), config, max_lora_rank=8, log_dir=tmp_path_factory.mktemp("server-logs")
+    )
     try:
         async with VLLMServerClient(server.url, config) as http:
             yield http
@@ -47,7 +49,7 @@ def _alive(pid: int) -> bool:
 async def test_server_that_never_gets_healthy_names_the_timeout(
     tiny_model: Path, tmp_path: Path
 ) -> None:
-    config = InferenceConfig(model=str(tiny_model), startup_timeout_s=1.0)
+    config = InferenceConfig(startup_timeout_s=1.0)
     started: list[int] = []
     original = VLLMServer._wait_healthy
 
@@ -58,7 +60,7 @@ async def test_server_that_never_gets_healthy_names_the_timeout(
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(VLLMServer, "_wait_healthy", record)
         with pytest.raises(EngineStartupError, match=r"inference\.startup_timeout_s"):
-            await VLLMServer.start(config, log_dir=tmp_path)
+            await VLLMServer.start(str(tiny_model), config, log_dir=tmp_path)
     assert started and not _alive(started[0]), "the half-started server was left running"
 
 
@@ -68,4 +70,4 @@ async def test_server_that_dies_at_startup_shows_its_log(tmp_path: Path) -> None
     (broken / "config.json").write_text('{"model_type": "not-a-real-architecture"}')
     (broken / "model.safetensors").write_bytes(b"not weights")  # passes agentrl's checks
     with pytest.raises(EngineStartupError, match="exited with code"):
-        await VLLMServer.start(InferenceConfig(model=str(broken)), log_dir=tmp_path)
+        await VLLMServer.start(str(broken), InferenceConfig(), log_dir=tmp_path)

@@ -16,7 +16,7 @@ import pytest
 
 from agentrl.inference.engine import VLLMEngineClient
 from agentrl.queue import TrajectoryQueue
-from agentrl.rollout import EpisodeRunner, RolloutConfig, Scheduler, SchedulerConfig, tasks_for
+from agentrl.rollout import EpisodeRunner, RolloutConfig, Scheduler, tasks_for
 from agentrl.rollout.controller import RolloutController
 from agentrl.store import EpisodeStore, StoreWriter
 from agentrl.types import Task, Trajectory
@@ -44,7 +44,7 @@ async def run_with_updates(
             runner = EpisodeRunner(client, tokenizer, rollout, checkpoint=writer.partial)
             controller = RolloutController(runner, writer=writer, policy=policy,  # type: ignore[arg-type]
                                            max_staleness=max_staleness)  # fmt: skip
-            scheduler = Scheduler(runner, queue, SchedulerConfig(concurrency=16, group_size=2),
+            scheduler = Scheduler(runner, queue, RolloutConfig(concurrency=16, group_size=2),
                                   writer=writer)  # fmt: skip
             job = asyncio.create_task(
                 scheduler.run(tasks_for("agentrl/GuessNumber-v0", episodes // 2))

@@ -14,7 +14,7 @@ import pytest
 from agentrl.env import TextEnv, register_env
 from agentrl.metrics import LoopLagMonitor, Metrics
 from agentrl.queue import QueueClosed, TrajectoryQueue
-from agentrl.rollout import EpisodeRunner, RolloutConfig, Scheduler, SchedulerConfig, tasks_for
+from agentrl.rollout import EpisodeRunner, RolloutConfig, Scheduler, tasks_for
 from agentrl.types import Group, Task
 from tests.rollout.fakes import ScriptedClient
 
@@ -67,7 +67,7 @@ async def test_faults_are_recorded_and_nothing_is_lost(tokenizer) -> None:
     config = RolloutConfig(max_turns=6, tool_timeout_s=0.05, max_tool_calls=4)
     runner = EpisodeRunner(client, tokenizer, config)
     queue = TrajectoryQueue(100)
-    scheduler = Scheduler(runner, queue, SchedulerConfig(concurrency=32, group_size=4,
+    scheduler = Scheduler(runner, queue, RolloutConfig(concurrency=32, group_size=4,
                                                          max_retries=1))  # fmt: skip
     async with LoopLagMonitor(runner.metrics):
         await scheduler.run(tasks_for("tests/Flaky-v0", 25))
@@ -118,8 +118,8 @@ async def test_admission_bounds_staleness_and_the_queue_bound_holds(tokenizer) -
     client = ScriptedClient(tokenizer, lambda p: "Guess: 50")
     runner = EpisodeRunner(client, tokenizer, RolloutConfig(max_turns=2))
     queue = TrajectoryQueue(3)
-    config = SchedulerConfig(concurrency=64, group_size=2, max_staleness=1, batch_size=4)
-    scheduler = Scheduler(runner, queue, config)
+    config = RolloutConfig(concurrency=64, group_size=2, max_staleness=1)
+    scheduler = Scheduler(runner, queue, config, batch_size=4)
     worst = 0
 
     async def trainer() -> None:
@@ -147,7 +147,9 @@ async def test_admission_bounds_staleness_and_the_queue_bound_holds(tokenizer) -
 async def test_cancelling_mid_run_leaves_no_tasks_or_requests(tokenizer) -> None:
     client = ScriptedClient(tokenizer, lambda p: "Guess: 50")
     runner = EpisodeRunner(client, tokenizer)
-    scheduler = Scheduler(runner, TrajectoryQueue(1000), SchedulerConfig(concurrency=50))
+    scheduler = Scheduler(
+        runner, TrajectoryQueue(1000), RolloutConfig(concurrency=50, group_size=4)
+    )
     before = asyncio.all_tasks()
     run = asyncio.create_task(scheduler.run(tasks_for("agentrl/GuessNumber-v0", None)))
     while runner.metrics.counters["tokens_sampled"] < 500:  # noqa: ASYNC110
@@ -190,7 +192,7 @@ async def test_an_engine_failure_stops_the_run_with_an_infra_error(tokenizer) ->
 
     client.generate = dead  # type: ignore[method-assign]
     runner = EpisodeRunner(client, tokenizer)
-    scheduler = Scheduler(runner, TrajectoryQueue(10), SchedulerConfig(concurrency=4))
+    scheduler = Scheduler(runner, TrajectoryQueue(10), RolloutConfig(concurrency=4, group_size=4))
     with pytest.raises(ExceptionGroup) as info:
         await scheduler.run(tasks_for("agentrl/GuessNumber-v0", 3))
     errors = info.value.exceptions

@@ -14,7 +14,7 @@ from agentrl.inference.base import Generation, SamplingConfig
 from agentrl.inference.engine import VLLMEngineClient
 from agentrl.metrics import LoopLagMonitor
 from agentrl.queue import TrajectoryQueue
-from agentrl.rollout import EpisodeRunner, RolloutConfig, Scheduler, SchedulerConfig, tasks_for
+from agentrl.rollout import EpisodeRunner, RolloutConfig, Scheduler, tasks_for
 from agentrl.types import Trajectory
 
 pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module")]
@@ -74,7 +74,7 @@ async def test_256_concurrent_episodes_keep_every_token_and_logprob(
     recording = Recording(client)
     runner = EpisodeRunner(recording, tokenizer, RolloutConfig(max_turns=4, max_tokens_per_turn=16))
     queue = TrajectoryQueue(1000)
-    scheduler = Scheduler(runner, queue, SchedulerConfig(concurrency=256, group_size=4))
+    scheduler = Scheduler(runner, queue, RolloutConfig(concurrency=256, group_size=4))
     peak = 0
 
     async def reload_mid_run() -> None:
@@ -125,7 +125,9 @@ async def test_cancelling_mid_run_leaves_no_request_in_vllm(
     client: VLLMEngineClient, tokenizer: Any
 ) -> None:
     runner = EpisodeRunner(client, tokenizer, RolloutConfig(max_tokens_per_turn=32))
-    scheduler = Scheduler(runner, TrajectoryQueue(10_000), SchedulerConfig(concurrency=128))
+    scheduler = Scheduler(
+        runner, TrajectoryQueue(10_000), RolloutConfig(concurrency=128, group_size=4)
+    )
     before = asyncio.all_tasks()
     run = asyncio.create_task(scheduler.run(tasks_for("agentrl/Maze-v0", None)))
     while runner.metrics.counters["tokens_sampled"] < 2000:  # noqa: ASYNC110

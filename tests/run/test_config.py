@@ -11,6 +11,7 @@ import pytest
 
 from agentrl.config import RunConfig
 from agentrl.errors import ConfigError
+from agentrl.run import check_config
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
 AGENTRL = str(Path(sys.executable).parent / "agentrl")
@@ -46,9 +47,46 @@ def test_load_overrides_and_round_trip(tmp_path: Path) -> None:
     # the resolved TOML reads back to the same config, every key written out
     again = RunConfig.from_dict(tomllib.loads(config.to_toml()))
     assert again == config
-    config.check()
-    assert config.trainer_config().lora is not None and config.trainer_config().lora.r == 4
-    assert config.scheduler_config().batch_size == 4 * config.train.groups_per_step
+    check_config(config)
+    assert config.trainer.lora.enabled and config.trainer.lora.r == 4
+    assert config.batch_size() == 4 * config.train.groups_per_step
+    # the shorthand trainer.loss = "grpo" is the table [trainer.loss] kind = "grpo"
+    assert RunConfig.load(path, ['--trainer.loss="grpo"']).trainer.loss.kind == "grpo"
+    assert RunConfig.load(path, ['--trainer.loss.kind="grpo"']).trainer.loss.kind == "grpo"
+
+
+def test_one_default_per_setting_and_a_reference_that_lists_every_key() -> None:
+    """The components take the config's own sections: no second set of defaults."""
+    import inspect
+
+    from agentrl.config import RolloutConfig, TrainConfig, TrainerConfig
+    from agentrl.config.reference import defaults_toml, field_docs
+    from agentrl.rollout.runner import EpisodeRunner
+    from agentrl.rollout.scheduler import Scheduler
+    from agentrl.trainer.loop import TrainLoop
+    from agentrl.trainer.trainer import Trainer
+
+    for component, section in ((EpisodeRunner, RolloutConfig), (Scheduler, RolloutConfig),
+                               (Trainer, TrainerConfig), (TrainLoop, TrainConfig)):  # fmt: skip
+        annotation = inspect.signature(component).parameters["config"].annotation
+        assert section.__name__ in str(annotation), (component, annotation)
+    text = defaults_toml()
+    parsed = tomllib.loads(text)
+    assert RunConfig.from_dict(parsed) == RunConfig()  # the reference is the defaults
+    docs = field_docs()
+    import dataclasses
+
+    def walk(cls: type) -> None:
+        for f in dataclasses.fields(cls):
+            assert (cls.__name__, f.name) in docs, f"{cls.__name__}.{f.name} has no doc line"
+            if dataclasses.is_dataclass(f.default_factory if f.default_factory is not
+                                        dataclasses.MISSING else None):  # fmt: skip
+                walk(f.default_factory)  # type: ignore[arg-type]
+
+    walk(RunConfig)
+    proc = subprocess.run([AGENTRL, "config", "--defaults"], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert proc.returncode == 0 and proc.stdout == text
 
 
 @pytest.mark.parametrize(
@@ -78,7 +116,7 @@ def test_each_bad_field_names_key_value_and_what_is_allowed(
     path = tmp_path / "c.toml"
     path.write_text(GOOD)
     with pytest.raises(ConfigError) as info:
-        RunConfig.load(path, [override]).check()
+        check_config(RunConfig.load(path, [override]))
     message = str(info.value)
     for name in names:
         assert name in message, (name, message)
@@ -105,7 +143,7 @@ def test_cli_bad_config_prints_one_error_and_creates_nothing(tmp_path: Path) -> 
     assert proc.returncode == 1
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert lines == [
-        "agentrl: error: trainer.loss = 'ppo' is not allowed; use one of: grpo, dapo, "
+        "agentrl: error: trainer.loss.kind = 'ppo' is not allowed; use one of: grpo, dapo, "
         "dr_grpo, cispo, bnpo"
     ], proc.stderr
     assert proc.stdout == ""
@@ -134,4 +172,4 @@ def test_cli_refuses_a_used_run_dir_and_a_resume_of_nothing(tmp_path: Path) -> N
     ids=lambda p: f"{p.parent.name}/{p.stem}",
 )
 def test_example_configs_are_valid(path: Path) -> None:
-    RunConfig.load(path).check()
+    check_config(RunConfig.load(path))

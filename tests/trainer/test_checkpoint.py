@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
+from agentrl.config import LoraConfig, LossConfig, TrainerConfig
 from agentrl.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from agentrl.trainer.losses import LossConfig
-from agentrl.trainer.trainer import LoraSettings, Trainer, TrainerConfig
+from agentrl.trainer.trainer import Trainer
 from agentrl.types import Group, Task, TokenSpan, Trajectory
 
 
@@ -58,8 +58,8 @@ def test_resume_restores_step_optimizer_version_and_rng_exactly(
     tmp_path: Path, tiny_model: Path, lora: bool
 ) -> None:
     config = TrainerConfig(lr=1e-3, loss=LossConfig("dapo", correction="token_truncate"),
-                           lora=LoraSettings(r=4) if lora else None)  # fmt: skip
-    a = Trainer(str(tiny_model), config)
+                           lora=LoraConfig(enabled=lora, r=4))  # fmt: skip
+    a = Trainer(str(tiny_model), config, temperature=1.0, seed=0)
     for step in range(2):
         a.train_step(synthetic_groups(step))
     a.version = 2
@@ -71,7 +71,9 @@ def test_resume_restores_step_optimizer_version_and_rng_exactly(
     expected_rng = (random.random(), np.random.random(), torch.rand(1).item())
     if lora:
         assert not (folder / "model.safetensors").exists(), "LoRA checkpoints hold the adapter"
-    b = Trainer(str(tiny_model), config)  # a new process would start like this
+    b = Trainer(
+        str(tiny_model), config, temperature=1.0, seed=0
+    )  # a new process would start like this
     load_checkpoint(b, folder)
     same_state(a, b)
     assert (random.random(), np.random.random(), torch.rand(1).item()) == expected_rng
@@ -86,7 +88,7 @@ def test_resume_restores_step_optimizer_version_and_rng_exactly(
 def test_a_kill_while_writing_leaves_the_previous_checkpoint(
     tmp_path: Path, tiny_model: Path
 ) -> None:
-    trainer = Trainer(str(tiny_model), TrainerConfig(lr=1e-3))
+    trainer = Trainer(str(tiny_model), TrainerConfig(lr=1e-3), temperature=1.0, seed=0)
     trainer.train_step(synthetic_groups(0))
     first = save_checkpoint(trainer, tmp_path)
     trainer.train_step(synthetic_groups(1))
@@ -95,7 +97,7 @@ def test_a_kill_while_writing_leaves_the_previous_checkpoint(
     partial.mkdir()
     (partial / "model.safetensors").write_bytes(b"half a file")
     assert latest_checkpoint(tmp_path) == first
-    restored = Trainer(str(tiny_model), TrainerConfig(lr=1e-3))
+    restored = Trainer(str(tiny_model), TrainerConfig(lr=1e-3), temperature=1.0, seed=0)
     load_checkpoint(restored, latest_checkpoint(tmp_path))
     assert restored.step == 1
 
@@ -106,6 +108,6 @@ def test_the_nccl_sender_refuses_without_cuda(tiny_model: Path) -> None:
 
     if nccl_available():
         pytest.skip("this machine has CUDA; tests/trainer/test_nccl_gpu.py covers the path")
-    trainer = Trainer(str(tiny_model), TrainerConfig())
+    trainer = Trainer(str(tiny_model), TrainerConfig(), temperature=1.0, seed=0)
     with pytest.raises(WeightSyncError, match="needs CUDA; on this machine publish through files"):
         NCCLWeightSender(trainer.model, control=None)

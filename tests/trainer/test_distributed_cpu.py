@@ -10,9 +10,9 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from agentrl.config import LossConfig, TrainerConfig
 from agentrl.inference.server import free_port
-from agentrl.trainer.losses import LossConfig
-from agentrl.trainer.trainer import Trainer, TrainerConfig
+from agentrl.trainer.trainer import Trainer
 from tests.trainer.test_checkpoint import synthetic_groups
 
 # Rank 0 gets 5 rows in 4 micro-batches, rank 1 4 rows in 2: under FSDP rank 1 pads.
@@ -50,7 +50,7 @@ def _rank(rank: int, world: int, model: str, out: str, port: int, mode: str) -> 
     from agentrl.trainer.distributed import broadcast_groups, follow
 
     torch.set_num_threads(1)
-    trainer = Trainer(model, CONFIG, accelerator=_accelerator(mode))
+    trainer = Trainer(model, CONFIG, temperature=1.0, seed=0, accelerator=_accelerator(mode))
     sharded = isinstance(next(trainer.model.parameters()), DTensor)
     assert trainer._sharded() == sharded == (mode == "fsdp2")
     if rank == 0:
@@ -78,7 +78,7 @@ def test_two_gloo_processes_equal_one_process(tiny_model: Path, tmp_path: Path, 
     mp.spawn(_rank, args=(2, str(tiny_model), str(tmp_path), free_port(), mode), nprocs=2,
              join=True)  # fmt: skip
     two = load_file(tmp_path / "rank0.safetensors")
-    single = Trainer(str(tiny_model), CONFIG)
+    single = Trainer(str(tiny_model), CONFIG, temperature=1.0, seed=0)
     initial = {k: v.clone() for k, v in single.model.state_dict().items()}
     single.train_step(synthetic_groups(4, groups=3, size=3))
     one = single.model.state_dict()

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 import torch
 
-from agentrl.trainer.losses import LossConfig, group_advantages, importance_weights, policy_loss
+from agentrl.config import LossConfig
+from agentrl.trainer.losses import group_advantages, importance_weights, policy_loss
 
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 B, P, T = 4, 5, 7

@@ -23,18 +23,19 @@ pytestmark = [
 async def test_nccl_publish_changes_what_vllm_samples(tiny_model: Path, tmp_path: Path) -> None:
     import torch
 
+    from agentrl.config import TrainerConfig
     from agentrl.inference.base import InferenceConfig, SamplingConfig
     from agentrl.inference.engine import VLLMEngineClient
     from agentrl.rollout import EpisodeRunner
     from agentrl.rollout.controller import RolloutController
     from agentrl.trainer.nccl import NCCLWeightSender
     from agentrl.trainer.publish import WeightPublisher
-    from agentrl.trainer.trainer import Trainer, TrainerConfig
+    from agentrl.trainer.trainer import Trainer
 
-    config = InferenceConfig(model=str(tiny_model), dtype="float32", enforce_eager=False,
-                             kv_cache_memory_bytes=2**30, weight_transfer="nccl")  # fmt: skip
-    async with await VLLMEngineClient.start(config) as engine:
-        trainer = Trainer(str(tiny_model), TrainerConfig(lr=1e-3))
+    config = InferenceConfig(dtype="float32", enforce_eager=False,
+                             kv_cache_mib=1024, weight_transfer="nccl")  # fmt: skip
+    async with await VLLMEngineClient.start(str(tiny_model), config) as engine:
+        trainer = Trainer(str(tiny_model), TrainerConfig(lr=1e-3), temperature=1.0, seed=0)
         trainer.model.to("cuda")
         with torch.no_grad():
             for p in trainer.model.parameters():

@@ -12,16 +12,16 @@ from typing import Any
 
 import pytest
 
+from agentrl.config import LoraConfig, LossConfig, TrainConfig, TrainerConfig
 from agentrl.inference.base import InferenceConfig
 from agentrl.inference.engine import VLLMEngineClient
 from agentrl.queue import TrajectoryQueue
-from agentrl.rollout import EpisodeRunner, RolloutConfig, Scheduler, SchedulerConfig, tasks_for
+from agentrl.rollout import EpisodeRunner, RolloutConfig, Scheduler, tasks_for
 from agentrl.rollout.controller import RolloutController
 from agentrl.store import EpisodeStore, StoreWriter
-from agentrl.trainer.loop import LoopConfig, StepRecord, TrainLoop
-from agentrl.trainer.losses import LossConfig
+from agentrl.trainer.loop import StepRecord, TrainLoop
 from agentrl.trainer.publish import WeightPublisher
-from agentrl.trainer.trainer import LoraSettings, Trainer, TrainerConfig
+from agentrl.trainer.trainer import Trainer
 
 pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module")]
 
@@ -35,19 +35,20 @@ async def train(
     with EpisodeStore.open(run_dir) as store:
         async with StoreWriter(store) as writer:
             rollout = RolloutConfig(max_turns=1, max_tokens_per_turn=16,
-                                    temperature=trainer.config.temperature)  # fmt: skip
+                                    temperature=trainer.temperature)  # fmt: skip
             runner = EpisodeRunner(client, tokenizer, rollout, checkpoint=writer.partial)
             controller = RolloutController(runner, writer=writer)
             queue = TrajectoryQueue(2 * GROUPS_PER_STEP)
             scheduler = Scheduler(
                 runner, queue,
-                SchedulerConfig(concurrency=GROUP * GROUPS_PER_STEP, group_size=GROUP,
-                                max_staleness=1, batch_size=GROUP * GROUPS_PER_STEP),
-                version=lambda: trainer.version, writer=writer,
+                RolloutConfig(concurrency=GROUP * GROUPS_PER_STEP, group_size=GROUP,
+                              max_staleness=1),
+                batch_size=GROUP * GROUPS_PER_STEP, version=lambda: trainer.version, writer=writer,
             )  # fmt: skip
             publisher = WeightPublisher(trainer, controller)
             loop = TrainLoop(trainer, publisher, scheduler, queue,
-                             LoopConfig(steps=steps, groups_per_step=GROUPS_PER_STEP, mode=mode),
+                             TrainConfig(steps=steps, groups_per_step=GROUPS_PER_STEP, mode=mode,
+                                         checkpoint_every=1),
                              store=store, checkpoint_dir=run_dir / "checkpoints")  # fmt: skip
             try:
                 records = await loop.run(tasks_for("agentrl/Digits-v0", None))
@@ -67,7 +68,9 @@ async def train(
 async def test_async_training_learns_and_is_on_policy(
     client: VLLMEngineClient, tokenizer: Any, tiny_model: Path, tmp_path: Path
 ) -> None:
-    trainer = Trainer(str(tiny_model), TrainerConfig(lr=3e-3, loss=LossConfig("dapo")))
+    trainer = Trainer(
+        str(tiny_model), TrainerConfig(lr=3e-3, loss=LossConfig("dapo")), temperature=1.0, seed=0
+    )
     steps = 14
     records, _ = await train(client, tokenizer, trainer, tmp_path, steps)
     rewards = [r.stats.reward_mean for r in records]
@@ -88,10 +91,10 @@ async def test_async_training_learns_and_is_on_policy(
 
 async def test_lora_training_moves_only_the_adapter(tiny_model: Path, tmp_path: Path,
                                                     tokenizer: Any) -> None:  # fmt: skip
-    config = InferenceConfig(model=str(tiny_model), enable_lora=True, max_lora_rank=8)
-    async with await VLLMEngineClient.start(config) as engine:
+    async with await VLLMEngineClient.start(str(tiny_model), max_lora_rank=8) as engine:
         trainer = Trainer(str(tiny_model), TrainerConfig(
-            lr=1e-2, loss=LossConfig("dapo"), lora=LoraSettings(r=8, alpha=16)))  # fmt: skip
+            lr=1e-2, loss=LossConfig("dapo"), lora=LoraConfig(enabled=True, r=8, alpha=16)),
+            temperature=1.0, seed=0)  # fmt: skip
         records, _ = await train(engine, tokenizer, trainer, tmp_path, steps=3, mode="sync")
     full = sum(p.numel() * 4 for p in trainer.model.get_base_model().parameters())
     for r in records:
@@ -109,10 +112,15 @@ async def test_full_weights_publish_over_http_to_vllm_serve(
     """The same loop against `vllm serve`: the server reads each published folder."""
     from agentrl.inference.server import VLLMServer, VLLMServerClient
 
-    config = InferenceConfig(model=str(tiny_model))
-    async with await VLLMServer.start(config, log_dir=tmp_path / "logs") as server:
+    config = InferenceConfig()
+    async with await VLLMServer.start(str(tiny_model), config, log_dir=tmp_path / "logs") as server:
         async with VLLMServerClient(server.url, config) as http:
-            trainer = Trainer(str(tiny_model), TrainerConfig(lr=3e-3, loss=LossConfig("dapo")))
+            trainer = Trainer(
+                str(tiny_model),
+                TrainerConfig(lr=3e-3, loss=LossConfig("dapo")),
+                temperature=1.0,
+                seed=0,
+            )
             records, _ = await train(http, tokenizer, trainer, tmp_path / "run", steps=3,
                                      mode="sync")  # fmt: skip
             assert http.version == trainer.version == 3

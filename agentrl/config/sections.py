@@ -1,0 +1,326 @@
+"""Every setting of agentrl, one frozen dataclass per TOML section, one default per field.
+
+These classes are the components' own configs: the runner and scheduler take
+:class:`RolloutConfig`, the trainer :class:`TrainerConfig` (with :class:`LossConfig`
+and :class:`LoraConfig`), the training loop :class:`TrainConfig`, the vLLM clients
+:class:`InferenceConfig`. Nothing translates between two trees, so a default written
+here is the default everywhere (``agentrl config --defaults`` prints them all).
+
+Each class checks its own invariants in ``__post_init__`` and raises
+:class:`~agentrl.errors.ConfigError` naming the dotted key (``rollout.max_turns``),
+the value, and what is allowed. Cross-section rules live in
+:meth:`agentrl.config.RunConfig.check`.
+
+The line under each field is its documentation; ``agentrl config --defaults`` prints it
+as the TOML comment above the key.
+
+This module is the ground floor: it imports only the standard library and
+:mod:`agentrl.errors`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+from agentrl.errors import ConfigError
+
+LossKind = Literal["grpo", "dapo", "dr_grpo", "cispo", "bnpo"]
+CorrectionMode = Literal[
+    "none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"
+]
+UpdatePolicy = Literal["resume", "keep", "drop"]
+
+_frozen = dataclasses.dataclass(frozen=True, slots=True)
+
+
+def _at_least(section: str, obj: Any, minimum: float, *names: str) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if not value >= minimum:
+            bound = ">= 0" if minimum == 0 else f"at least {minimum}"
+            raise ConfigError(f"{section}.{name} = {value!r}; it must be {bound}")
+
+
+@_frozen
+class JobConfig:
+    """``[run]``: where the run lives and what seeds it."""
+
+    out: str = ""
+    """Run directory (empty: runs/NAME-TIME)."""
+    name: str = "run"
+    """The run's name, in the default run directory and the trackers."""
+    seed: int = 0
+    """Seeds the trainer (torch) and the inference engine's sampler."""
+
+
+@_frozen
+class ModelConfig:
+    """``[model]``: the policy."""
+
+    path: str = "tiny"
+    """'tiny' (built locally), a model folder, or a hub name."""
+
+
+@_frozen
+class EnvConfig:
+    """``[env]``: which env the tasks come from."""
+
+    id: str = ""
+    """A registered env id, e.g. agentrl/Calculator-v0."""
+    kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Keyword arguments for the env's constructor."""
+    imports: list[str] = dataclasses.field(default_factory=list)
+    """Modules or .py files to import first (where your env registers itself)."""
+    first_seed: int = 0
+    """Training tasks use seeds first_seed, first_seed + 1, ..."""
+
+
+@_frozen
+class InferenceConfig:
+    """``[inference]``: the vLLM engine or servers that sample episodes."""
+
+    mode: Literal["engine", "server"] = "engine"
+    """engine: vLLM in this process; server: `vllm serve` on 127.0.0.1 over HTTP."""
+    dtype: str = "float32"
+    """float32 on CPU: bf16 with eager mode or LoRA crashes vLLM's CPU attention."""
+    max_model_len: int = 512
+    """Context window in tokens (prompt and every turn of an episode)."""
+    kv_cache_mib: int = 256
+    """KV cache size; vLLM's default (a fraction of all RAM) fails to start on CPU."""
+    max_num_seqs: int = 256
+    """Requests vLLM batches at once."""
+    enforce_eager: bool = True
+    """No CUDA graphs / torch.compile (fast start; required on CPU)."""
+    startup_timeout_s: float = 300.0
+    """How long to wait for an engine or server to become ready."""
+    request_timeout_s: float = 300.0
+    """Deadline for one generation request (and for each admin call to a server)."""
+    servers: list[str] = dataclasses.field(default_factory=list)
+    """mode = "server": URLs of running servers (`agentrl serve`); empty: agentrl starts
+    num_servers of them on 127.0.0.1 (and restarts one that dies)."""
+    num_servers: int = 1
+    """Servers agentrl starts itself when servers is empty."""
+    reconnect_timeout_s: float = 300.0
+    """How long requests wait for a server when none is healthy; then the run stops."""
+    health_interval_s: float = 1.0
+    """Seconds between health checks of each server."""
+    max_restarts: int = 3
+    """How often agentrl restarts a server it started that died."""
+    weights_dir: str = ""
+    """Where published weights are written for the engine or servers to load; empty: a
+    RAM folder on this machine. Servers on other machines need a shared folder."""
+    weight_transfer: str | None = None
+    """vLLM weight-transfer backend for file-less updates ('nccl', GPU, engine mode)."""
+
+    def __post_init__(self) -> None:
+        _at_least("inference", self, 2, "max_model_len")
+        _at_least("inference", self, 1, "kv_cache_mib", "max_num_seqs", "num_servers")
+        _at_least("inference", self, 0, "max_restarts")
+        for name in ("startup_timeout_s", "request_timeout_s", "reconnect_timeout_s",
+                     "health_interval_s"):  # fmt: skip
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"inference.{name} = {getattr(self, name)!r}; it must be > 0")
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return self.kv_cache_mib * 2**20
+
+
+@_frozen
+class RolloutConfig:
+    """``[rollout]``: how episodes are run and admitted (runner and scheduler)."""
+
+    group_size: int = 8
+    """Episodes per task (same seed), for group-relative advantages."""
+    concurrency: int = 64
+    """Episodes running at once."""
+    max_turns: int = 8
+    """Assistant turns per episode (tool turns included)."""
+    max_tool_calls: int = 8
+    """Tool calls per episode; past it the episode is truncated."""
+    max_tokens_per_turn: int = 64
+    """Tokens sampled per assistant turn at most."""
+    temperature: float = 1.0
+    """Sampling temperature (the trainer takes logprobs at the same temperature)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass, in (0, 1]."""
+    tool_timeout_s: float = 10.0
+    """Deadline for one tool call; past it the call returns an error to the model."""
+    env_timeout_s: float = 60.0
+    """Deadline for one env reset or step; past it the episode fails."""
+    max_staleness: int | None = 1
+    """An episode admitted at version v is trained by version v + max_staleness
+    (unset in Python: no bound)."""
+    max_retries: int = 1
+    """Attempts more for an episode that failed (infrastructure or env error)."""
+    update_policy: UpdatePolicy = "resume"
+    """At a weight update, in-flight episodes resume under the new weights, keep
+    sampling from the old prefix, or are dropped and run again."""
+    ignore_eos: bool = False
+    """Every turn samples exactly max_tokens_per_turn (benchmarks)."""
+
+    def __post_init__(self) -> None:
+        _at_least("rollout", self, 1, "group_size", "concurrency", "max_turns",
+                  "max_tokens_per_turn")  # fmt: skip
+        _at_least("rollout", self, 0, "max_retries", "max_tool_calls")
+        if self.max_staleness is not None and self.max_staleness < 0:
+            raise ConfigError(f"rollout.max_staleness = {self.max_staleness!r}; it must be >= 0")
+        if not self.temperature >= 0:
+            raise ConfigError(f"rollout.temperature = {self.temperature!r}; it must be >= 0")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"rollout.top_p = {self.top_p!r}; use a value in (0, 1]")
+        if self.concurrency < self.group_size:
+            raise ConfigError(
+                f"rollout.concurrency ({self.concurrency}) must be at least rollout.group_size "
+                f"({self.group_size}): a group's episodes run at the same time"
+            )
+
+
+@_frozen
+class LossConfig:
+    """``[trainer.loss]``: the policy-gradient objective (see agentrl.trainer.losses)."""
+
+    kind: LossKind = "dapo"
+    """grpo, dapo (token-level, clip-higher), dr_grpo, cispo or bnpo."""
+    epsilon_low: float = 0.2
+    """The lower clip of the importance ratio."""
+    epsilon_high: float = 0.28
+    """The upper clip (DAPO's clip-higher); for cispo the cap of the ratio."""
+    delta: float | None = None
+    """Two-sided clipping: cap the unclipped ratio at delta too (unset: off)."""
+    ratio_level: Literal["token", "sequence"] = "token"
+    """sequence: GSPO's sequence-level ratio."""
+    beta: float = 0.0
+    """KL coefficient against the reference policy (0: no KL, no reference pass)."""
+    kl_bias_correction: bool = True
+    """Multiply the KL estimate by the importance ratio (TRL's default)."""
+    max_completion_length: int = 512
+    """dr_grpo's constant normaliser (tokens per sequence)."""
+    correction: CorrectionMode = "token_truncate"
+    """Importance correction against the behaviour policy (vLLM's logprobs)."""
+    correction_min: float | None = 0.0
+    """Lower bound of the correction weight (unset: none)."""
+    correction_max: float | None = 2.0
+    """Upper bound of the correction weight (unset: none)."""
+    max_token_staleness: int | None = None
+    """Mask tokens sampled more than this many versions ago (unset: keep all)."""
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.epsilon_low < 1 and self.epsilon_high >= 0):
+            raise ConfigError(
+                f"trainer.loss.epsilon_low ({self.epsilon_low}) must be in [0, 1) and "
+                f"trainer.loss.epsilon_high ({self.epsilon_high}) >= 0"
+            )
+        if self.beta < 0:
+            raise ConfigError(f"trainer.loss.beta = {self.beta!r}; it must be >= 0")
+        if self.max_token_staleness is not None and self.max_token_staleness < 0:
+            raise ConfigError(
+                f"trainer.loss.max_token_staleness = {self.max_token_staleness!r}; it must be "
+                f">= 0 (leave it unset to keep every token)"
+            )
+
+
+@_frozen
+class LoraConfig:
+    """``[trainer.lora]``: train low-rank adapters instead of every weight (peft)."""
+
+    enabled: bool = False
+    """Train LoRA adapters; vLLM then serves the base model with the adapter."""
+    r: int = 8
+    """Adapter rank."""
+    alpha: int = 16
+    """LoRA scaling numerator (scale = alpha / r)."""
+    dropout: float = 0.0
+    """Dropout on the adapter's input."""
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    """Module names that get adapters."""
+
+    def __post_init__(self) -> None:
+        _at_least("trainer.lora", self, 1, "r")
+
+
+@_frozen
+class TrainerConfig:
+    """``[trainer]``: the optimizer and the loss."""
+
+    lr: float = 1e-5
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    max_grad_norm: float = 1.0
+    """Gradients are clipped to this global norm."""
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    """Advantages are divided by the reward std of the group, the batch, or not at all."""
+    micro_batch_tokens: int = 4096
+    """Padded tokens per forward/backward pass (gradient accumulation above it)."""
+    torch_threads: int | None = 1
+    """Threads for the trainer's math on CPU (unset: torch's default)."""
+    loss: LossConfig = dataclasses.field(default_factory=LossConfig)
+    """The objective."""
+    lora: LoraConfig = dataclasses.field(default_factory=LoraConfig)
+    """Low-rank adapters."""
+
+    def __post_init__(self) -> None:
+        if not self.lr > 0:
+            raise ConfigError(f"trainer.lr = {self.lr!r}; it must be > 0")
+        _at_least("trainer", self, 1, "micro_batch_tokens")
+
+
+@_frozen
+class TrainConfig:
+    """``[train]``: the training loop."""
+
+    steps: int = 20
+    """Optimizer steps in total (a resumed run counts the ones already done)."""
+    groups_per_step: int = 4
+    """Complete groups per optimizer step."""
+    mode: Literal["async", "sync"] = "async"
+    """async: generation goes on while the trainer steps; sync: they take turns."""
+    checkpoint_every: int = 5
+    """Steps between trainer checkpoints (0: only at the end)."""
+
+    def __post_init__(self) -> None:
+        _at_least("train", self, 1, "steps", "groups_per_step")
+        _at_least("train", self, 0, "checkpoint_every")
+
+
+@_frozen
+class EvalConfig:
+    """``[eval]``: held-out evaluation before and after training."""
+
+    episodes: int = 0
+    """Held-out episodes evaluated before and after training (0: no evaluation)."""
+    first_seed: int = 1_000_000
+    """Evaluation seeds start here, far from the training seeds."""
+    temperature: float = 1.0
+    """Sampling temperature of evaluation episodes."""
+    success_reward: float = 1.0
+    """An episode succeeds when its total reward is at least this."""
+
+    def __post_init__(self) -> None:
+        _at_least("eval", self, 0, "episodes")
+        if not self.temperature >= 0:
+            raise ConfigError(f"eval.temperature = {self.temperature!r}; it must be >= 0")
+
+
+@_frozen
+class LogConfig:
+    """``[log]``: progress, trackers, trace and plots."""
+
+    progress: Literal["auto", "rich", "plain", "none"] = "auto"
+    """auto: a live display on a terminal, one line per step otherwise."""
+    tensorboard: bool = True
+    """Write TensorBoard event files under tb/."""
+    wandb: bool = False
+    """Log to Weights & Biases (needs wandb installed and logged in)."""
+    trackio: bool = False
+    """Log to trackio (needs trackio installed)."""
+    trace: bool = True
+    """Write trace.json (Perfetto / Chrome trace)."""
+    plots: bool = True
+    """Write plots/*.png at the end."""
+    status_every_s: float = 0.5
+    """How often status.json (read by `agentrl top`) is rewritten."""
