@@ -6,8 +6,9 @@ Two lines turn a toy-text env into an agentrl env::
     env = GymTextAdapter(my_env, action_names=["left", "right"])   # an env object
 
 :class:`GymTextAdapter` wraps a ``gymnasium.Env``, or any object with the same
-``reset(seed=..., options=...) -> (obs, info)`` and ``step(a) -> 5-tuple`` shape that
-does not subclass it. Observations become text: ``render_mode="ansi"`` output (colour
+``reset -> (obs, info)`` and ``step(a) -> 5-tuple`` shape that does not subclass it:
+``reset`` may take ``seed`` and ``options`` by keyword, ``seed`` only, ``seed``
+positionally, or nothing (then the object's own ``seed(n)`` is called when it has one). Observations become text: ``render_mode="ansi"`` output (colour
 highlights turned into visible markers), else ``str(obs)``, or your ``render``
 function. Actions are parsed from the model's text: for ``Discrete`` spaces the last
 action name (or index) mentioned, else your ``parse_action``. A reply with no action
@@ -174,7 +175,7 @@ class GymTextAdapter(TextEnv):
         return "\n\n".join(p for p in parts if p), dict(info)
 
     def _checked_reset(self, options: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
-        out = self.env.reset(seed=self._seed, options=options)
+        out = _reset(self.env, self._seed, options)
         if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict)):
             raise TypeError(
                 f"{type(self.env).__name__}.reset() returned {type(out).__name__}; expected "
@@ -224,6 +225,35 @@ class GymTextAdapter(TextEnv):
         close = getattr(self.env, "close", None)
         if callable(close):
             close()
+
+
+def _reset(env: Any, seed: int, options: dict[str, Any] | None) -> Any:
+    """Call ``env.reset`` with the seed (and options) in the form its signature takes."""
+    import inspect
+
+    try:
+        params = inspect.signature(env.reset).parameters
+    except (TypeError, ValueError):  # a builtin or C extension: try Gymnasium's form
+        return env.reset(seed=seed, options=options)
+    kinds = {p.kind for p in params.values()}
+    if inspect.Parameter.VAR_KEYWORD in kinds or ("seed" in params and "options" in params):
+        return env.reset(seed=seed, options=options)
+    if options:
+        raise TypeError(
+            f"{type(env).__name__}.reset{inspect.signature(env.reset)} takes no options, but "
+            f"the task has options {options!r}"
+        )
+    if "seed" in params and params["seed"].kind != inspect.Parameter.POSITIONAL_ONLY:
+        return env.reset(seed=seed)
+    if params and next(iter(params.values())).kind in (
+        inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        inspect.Parameter.VAR_POSITIONAL,
+    ):  # fmt: skip
+        return env.reset(seed)
+    seed_fn = getattr(env, "seed", None)
+    if callable(seed_fn):  # the pre-0.26 Gym convention: seed(n), then reset()
+        seed_fn(seed)
+    return env.reset()
 
 
 def from_gym(

@@ -3,9 +3,14 @@
 Rules, each reported by name with what the env did and what was expected:
 
 * ``gymnasium``: ``gymnasium.utils.env_checker.check_env`` passes;
-* ``seeded-determinism``: the same seed gives the same episode;
+* ``seeded-determinism``: the same seed and actions give the same episode, whatever
+  state the process-wide RNGs (``random``, ``numpy.random``) are in;
 * ``isolation``: two interleaved instances with different seeds give the same
   episodes as each alone (catches envs that use the process-wide ``random``);
+
+Both explore with actions beyond a fixed script: words and numbers the env's own
+observations mention (and an adapter's action names) are tried, chosen by a local
+seeded RNG, so moves that draw at step time are made and replayed.
 * ``state-round-trip``: ``get_state`` is JSON-serialisable and ``set_state`` of it
   continues the episode identically (only for envs that implement both);
 * ``robust-actions``: empty, huge, non-UTF-8-ish and garbage actions give an
@@ -16,15 +21,20 @@ Rules, each reported by name with what the env did and what was expected:
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import dataclasses
 import json
 import random
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 
-from agentrl.env import make_env, supports_state
+from agentrl.env import load_env_plugins, make_env, supports_state
+from agentrl.errors import ConfigError
 
 SCRIPT = ("", "Answer: 1", "I think the answer is 42.", "up", "Answer: 0", "left")
 BAD_ACTIONS = ("", "x" * 100_000, "\udcff\x00\ufffd\U0010ffff", "\x07\x1b[2J" * 50,
@@ -56,24 +66,31 @@ def _ended(transcript: list[Any]) -> bool:
     return len(transcript) > 1 and (transcript[-1][2] or transcript[-1][3])
 
 
-def _episode(env: gym.Env[Any, Any], seed: int) -> list[Any]:
-    transcript: list[Any] = [env.reset(seed=seed)[0]]
-    for action in SCRIPT:
-        if _ended(transcript):
-            break
-        transcript.append(_record(env, action))
-    return transcript
-
-
 def _factory(env: Any) -> Callable[[], gym.Env[Any, Any]]:
+    """Fresh instances of ``env`` (an id, a factory, or an instance) for each check."""
     if isinstance(env, str):
+        load_env_plugins()
+        if env not in gym.registry:
+            known = sorted(k for k in gym.registry if k.startswith("agentrl/"))
+            raise ConfigError(
+                f"env id {env!r} is not registered; shipped envs: {known}. For your own env, "
+                f"import the module that registers it first (agentrl check-env ID --import "
+                f"MODULE_OR_FILE)"
+            )
         return lambda: make_env(env)
     if callable(env) and not isinstance(env, gym.Env):
         return env
     spec = getattr(env, "spec", None)
-    if spec is not None:
-        return lambda: gym.make(spec.id)
-    return lambda: type(env.unwrapped)()
+    if spec is not None and spec.id in gym.registry:
+        return lambda: gym.make(spec)
+    try:  # an instance built by hand (e.g. from_gym("Taxi-v4")): copy it untouched
+        pristine = copy.deepcopy(env)
+    except Exception as e:
+        raise ConfigError(
+            f"check_env cannot copy this {type(env).__name__} instance ({type(e).__name__}: "
+            f"{e}); pass a zero-argument factory instead, e.g. check_env(lambda: MyEnv(...))"
+        ) from None
+    return lambda: copy.deepcopy(pristine)
 
 
 def check_env(
@@ -125,30 +142,123 @@ def _gymnasium(make: Callable[[], gym.Env[Any, Any]]) -> str | None:
     return None
 
 
+_WORD = re.compile(r"[A-Za-z][A-Za-z_-]{1,15}|\d{1,6}")
+EXPLORE_SEEDS = (7, 11, 23)
+EXPLORE_STEPS = 12
+
+
+def _candidates(env: gym.Env[Any, Any], obs: Any) -> list[str]:
+    """Actions worth trying now: the script, an adapter's action names, and the words and
+    numbers the observation mentions (where an env says what it accepts)."""
+    text = json.dumps(obs) if not isinstance(obs, str) else obs
+    names = list(getattr(env.unwrapped, "action_names", ()) or ())
+    words = list(dict.fromkeys(_WORD.findall(text)))[:40]
+    return [*SCRIPT, *names, *words, *(f"Answer: {w}" for w in words if w.isdigit())]
+
+
+def _explore(make: Callable[[], gym.Env[Any, Any]], seed: int) -> tuple[list[Any], list[str]]:
+    """One episode under actions drawn (by a local RNG) from :func:`_candidates`."""
+    chooser = random.Random(seed)
+    env = make()
+    try:
+        obs = env.reset(seed=seed)[0]
+        transcript: list[Any] = [obs]
+        actions: list[str] = []
+        while len(actions) < EXPLORE_STEPS and not _ended(transcript):
+            action = chooser.choice(_candidates(env, obs))
+            actions.append(action)
+            step = _record(env, action)
+            obs = step[0]
+            transcript.append(step)
+        return transcript, actions
+    finally:
+        env.close()
+
+
+@contextlib.contextmanager
+def _global_rngs(seed: int) -> Iterator[None]:
+    """Put ``random`` and ``numpy.random`` in a chosen state; give the caller's back."""
+    saved = random.getstate(), np.random.get_state()
+    random.seed(seed)
+    np.random.seed(seed)
+    try:
+        yield
+    finally:
+        random.setstate(saved[0])
+        np.random.set_state(saved[1])
+
+
+def _stir() -> None:
+    """Move the process-wide RNGs on, as other episodes in the same process would."""
+    random.random()
+    np.random.random()
+
+
+def _replay(env: gym.Env[Any, Any], seed: int, actions: Sequence[str]) -> list[Any]:
+    transcript: list[Any] = [env.reset(seed=seed)[0]]
+    for action in actions:
+        if _ended(transcript):
+            break
+        _stir()
+        transcript.append(_record(env, action))
+    return transcript
+
+
+_GLOBAL_RNG_HINT = (
+    "the env likely draws from process-wide state such as the `random` module or "
+    "numpy's global RNG (at reset or at step time): draw from self.np_random instead, "
+    "which reset(seed=...) seeds per instance"
+)
+
+
 def _determinism(make: Callable[[], gym.Env[Any, Any]]) -> str | None:
-    first, second = _episode(make(), seed=7), _episode(make(), seed=7)
-    if first != second:
-        return f"seed 7 gave two different episodes: {first!r:.200} vs {second!r:.200}"
+    for seed in EXPLORE_SEEDS:
+        with _global_rngs(1):
+            first, actions = _explore(make, seed)
+        with _global_rngs(2):
+            env = make()
+            try:
+                second = _replay(env, seed, actions)
+            finally:
+                env.close()
+        if first != second:
+            at = next(i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b)
+            where = "reset" if at == 0 else f"step {at} (action {actions[at - 1]!r:.40})"
+            return (
+                f"seed {seed} with the same actions gave two different episodes, first at "
+                f"{where}: {first[at]!r:.120} vs {second[at]!r:.120}; {_GLOBAL_RNG_HINT}"
+            )
     return None
 
 
 def _isolation(make: Callable[[], gym.Env[Any, Any]]) -> str | None:
-    random.seed(0)
-    alone_a, alone_b = _episode(make(), 1), _episode(make(), 2)
-    random.seed(12345)
-    a, b = make(), make()
-    got_a, got_b = [a.reset(seed=1)[0]], [b.reset(seed=2)[0]]
-    for action in SCRIPT:
-        for env, got in ((a, got_a), (b, got_b)):
-            if not _ended(got):
-                got.append(_record(env, action))
-    if (got_a, got_b) != (alone_a, alone_b):
-        return (
-            "two instances stepped in turn (seeds 1 and 2) did not reproduce their "
-            "episodes run alone; the env likely uses process-wide state such as the "
-            "`random` module: draw from self.np_random instead"
-        )
+    for seed_a, seed_b in ((1, 2), (3, 4), (5, 6)):
+        with _global_rngs(0):
+            (alone_a, acts_a), (alone_b, acts_b) = _explore(make, seed_a), _explore(make, seed_b)
+        with _global_rngs(12345):
+            got_a, got_b = _interleaved(make, (seed_a, acts_a), (seed_b, acts_b))
+        if (got_a, got_b) != (alone_a, alone_b):
+            return (
+                f"two instances stepped in turn (seeds {seed_a} and {seed_b}) did not "
+                f"reproduce their episodes run alone; {_GLOBAL_RNG_HINT}"
+            )
     return None
+
+
+def _interleaved(make: Callable[[], gym.Env[Any, Any]],
+                 *plans: tuple[int, list[str]]) -> list[list[Any]]:  # fmt: skip
+    envs = [make() for _ in plans]
+    try:
+        got = [[env.reset(seed=seed)[0]] for env, (seed, _) in zip(envs, plans, strict=True)]
+        for i in range(max(len(actions) for _, actions in plans)):
+            for env, transcript, (_, actions) in zip(envs, got, plans, strict=True):
+                if i < len(actions) and not _ended(transcript):
+                    _stir()
+                    transcript.append(_record(env, actions[i]))
+        return got
+    finally:
+        for env in envs:
+            env.close()
 
 
 def _state_round_trip(make: Callable[[], gym.Env[Any, Any]]) -> str | None:

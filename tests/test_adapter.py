@@ -100,3 +100,52 @@ def test_continuous_actions_through_parse_action() -> None:
 def test_ansi_highlights_become_visible_markers() -> None:
     text = "|\x1b[35m\x1b[43mY\x1b[0m\x1b[0m| \x1b[34;1mB\x1b[0m \x1b[35mR\x1b[0m \x1b[32mX\x1b[0m"
     assert ansi_to_text(text) == "|{[Y]}| (B) {R} *X*"
+
+
+class _SeedOnly:
+    """A look-alike whose reset takes only ``seed`` (no options), as many do."""
+
+    def __init__(self) -> None:
+        self.action_space = gym.spaces.Discrete(2)
+        self.value = 0
+
+    def reset(self, seed: int | None = None) -> tuple[int, dict[str, Any]]:
+        import random as stdlib_random
+
+        self.value = stdlib_random.Random(seed).randint(0, 9)
+        return self.value, {}
+
+    def step(self, action: int) -> tuple[int, float, bool, bool, dict[str, Any]]:
+        self.value += 1 if action else -1
+        return self.value, float(self.value == 5), self.value == 5, False, {}
+
+
+class _PositionalSeed(_SeedOnly):
+    def reset(self, seed, /):  # type: ignore[override]
+        return super().reset(seed=seed)
+
+
+class _OldGym(_SeedOnly):
+    """Gym < 0.26: ``seed(n)`` then ``reset()`` (still returning (obs, info) here)."""
+
+    def seed(self, n: int) -> None:
+        self._next = n
+
+    def reset(self):  # type: ignore[override]
+        return super().reset(seed=self._next)
+
+
+@pytest.mark.parametrize("cls", [_SeedOnly, _PositionalSeed, _OldGym])
+def test_look_alikes_with_other_reset_signatures_are_seeded_and_replayable(cls: type) -> None:
+    env = GymTextAdapter(cls(), action_names=["down", "up"])
+    first, _ = env.reset(seed=3)
+    again, _ = GymTextAdapter(cls(), action_names=["down", "up"]).reset(seed=3)
+    assert first == again  # the seed reached the inner env
+    env.step("up")
+    state = env.get_state()
+    fork = GymTextAdapter(cls(), action_names=["down", "up"])
+    fork.reset(seed=9)
+    fork.set_state(state)
+    assert fork.render() == env.render()
+    with pytest.raises(TypeError, match="takes no options"):  # said, not silently dropped
+        env.reset(seed=1, options={"level": 2})
