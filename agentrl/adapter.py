@@ -5,14 +5,15 @@ Two lines turn a toy-text env into an agentrl env::
     env = agentrl.from_gym("FrozenLake-v1", is_slippery=False)   # id + make() kwargs
     env = GymTextAdapter(my_env, action_names=["left", "right"])   # an env object
 
-:class:`GymTextAdapter` wraps a ``gymnasium.Env``, or any object with the same
-``reset -> (obs, info)`` and ``step(a) -> 5-tuple`` shape that does not subclass it:
-``reset`` may take ``seed`` and ``options`` by keyword, ``seed`` only, ``seed``
-positionally, or nothing (then the object's own ``seed(n)`` is called when it has one). Observations become text: ``render_mode="ansi"`` output (colour
-highlights turned into visible markers), else ``str(obs)``, or your ``render``
-function. Actions are parsed from the model's text: for ``Discrete`` spaces the last
-action name (or index) mentioned, else your ``parse_action``. A reply with no action
-gets a hint back and no step; ``max_invalid`` of those in a row truncate the episode.
+:class:`GymTextAdapter` wraps a ``gymnasium.Env``, or any object with the same ``reset
+-> (obs, info)`` and ``step(a) -> 5-tuple`` shape that does not subclass it: ``reset``
+may take ``seed`` and ``options`` by keyword, ``seed`` only, ``seed`` positionally, or
+nothing (then the object's own ``seed(n)`` is called when it has one). Observations
+become text: ``render_mode="ansi"`` output (colour highlights turned into visible
+markers), else ``str(obs)``, or your ``render`` function. Actions are parsed from the
+model's text: for ``Discrete`` spaces the last action name (or index) mentioned, else
+your ``parse_action``. A reply with no action gets a hint back and no step;
+``max_invalid`` of those in a row truncate the episode.
 
 The adapter is resumable and forkable without help from the inner env: its state is
 the episode's seed plus the action texts so far, and ``set_state`` replays them.
