@@ -1,12 +1,17 @@
-"""What a user sees of a run: the live display, status.json, metrics files, `agentrl top`.
+"""What a user sees of a run: status.json, metrics files, the live display, `agentrl top`.
 
 * :class:`MetricsLog` appends one JSON object per optimizer step to ``metrics.jsonl``
   and writes the same scalars as TensorBoard event files (``tb/``), and to wandb or
-  trackio when asked for and installed.
+  trackio when asked for and installed; :func:`read_metrics` reads the rows back.
 * :func:`write_status` rewrites ``status.json`` atomically: the run's headline numbers
   and every in-flight episode. ``agentrl top RUN_DIR`` reads it from another terminal.
 * :func:`render` turns a status into a rich renderable; the live display during
-  ``agentrl train`` and ``agentrl top`` both use it.
+  ``agentrl train`` and ``agentrl top`` both use it; :func:`plain_line` is the
+  one-line form.
+
+The live state those files are written from (:class:`agentrl.status.RunStatus`) and
+the run's own lines for the user (:class:`agentrl.status.Reporter`) are
+:mod:`agentrl.status`'s.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import json
 import logging
 import math
 import os
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -247,6 +253,20 @@ def plain_line(status: Mapping[str, Any]) -> str:
 def _servers_up(servers: list[Mapping[str, Any]]) -> str:
     up = sum(bool(s.get("up")) for s in servers)
     return f"  servers {up}/{len(servers)} up" if servers and up < len(servers) else ""
+
+
+def live_display(progress: str) -> Any:
+    """The rich live display ``log.progress`` asks for (None: none).
+
+    "auto" means rich on a terminal, plain lines otherwise.
+    """
+    if progress == "auto":
+        progress = "rich" if sys.stdout.isatty() else "plain"
+    if progress != "rich":
+        return None
+    from rich.live import Live
+
+    return Live(refresh_per_second=4, transient=False)
 
 
 def top(run_dir: Path, *, once: bool = False, interval_s: float = 0.5) -> int:

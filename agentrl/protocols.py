@@ -7,8 +7,9 @@ protocols here, and the rollout engine satisfies them structurally:
 * :class:`WeightSync`: one weight update (``update_weights``), returning its cost as
   :class:`UpdateStats`. Implemented by :class:`~agentrl.rollout.controller.RolloutController`.
 * :class:`RolloutSource`: turns tasks into complete groups on the trajectory queue
-  (``run``), stops admitting (``stop``) and hears of new versions
-  (``notify_version``). Implemented by :class:`~agentrl.rollout.scheduler.Scheduler`.
+  (``run``), stops admitting (``stop``), hears of new versions (``notify_version``)
+  and, on resume, of the episodes admitted before the restart (``resume_admitted``).
+  Implemented by :class:`~agentrl.rollout.scheduler.Scheduler`.
 
 This module owns only the protocols and the value that crosses the seam; it imports
 nothing above :mod:`agentrl.types`.
@@ -75,4 +76,9 @@ class RolloutSource(Protocol):
 
     async def notify_version(self) -> None:
         """Called after the trainer publishes a version: admission may open up."""
+        ...
+
+    def resume_admitted(self, count: int) -> None:
+        """On resume: count ``count`` episodes as admitted before the restart (the
+        trajectories the restored trainer has consumed), so admission goes on from there."""
         ...

@@ -2,16 +2,15 @@
 
 Bounded in groups: ``put`` blocks while the queue is full, so rollouts slow down to
 the trainer's pace instead of piling up memory. Groups are handed over by reference
-(no copy, no second buffer). The consumer may gate by staleness: ``get`` discards
-groups whose oldest sampled token is more than ``max_staleness`` versions behind the
-current one, and counts them.
+(no copy, no second buffer), in order. Staleness is bounded before a group exists, at
+admission (:class:`~agentrl.rollout.staleness.Staleness`), so nothing here drops groups.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from agentrl.types import Group
 
@@ -21,27 +20,16 @@ class QueueClosed(Exception):
 
 
 class TrajectoryQueue:
-    def __init__(
-        self,
-        maxsize: int,
-        *,
-        max_staleness: int | None = None,
-        current_version: Callable[[], int] | None = None,
-    ) -> None:
+    def __init__(self, maxsize: int) -> None:
         if maxsize < 1:
             raise ValueError(f"maxsize must be >= 1 group, got {maxsize}")
-        if max_staleness is not None and current_version is None:
-            raise ValueError("a staleness gate needs current_version (a callable)")
         self.maxsize = maxsize
-        self.max_staleness = max_staleness
-        self.current_version = current_version
         self._groups: collections.deque[Group] = collections.deque()
         self._changed = asyncio.Condition()
         self._closed = False
         self.high_water = 0
         self.put_total = 0
         self.got_total = 0
-        self.dropped_stale: list[Group] = []
 
     def __len__(self) -> int:
         return len(self._groups)
@@ -84,26 +72,16 @@ class TrajectoryQueue:
             self.high_water = max(self.high_water, len(self._groups))
             self._changed.notify_all()
 
-    def _too_stale(self, group: Group) -> bool:
-        if self.max_staleness is None or self.current_version is None:
-            return False
-        oldest = group.min_version()
-        return oldest >= 0 and self.current_version() - oldest > self.max_staleness
-
     async def get(self) -> Group:
-        """The oldest group within the staleness bound; wait while there is none."""
+        """The oldest group; wait while there is none."""
         async with self._changed:
-            while True:
-                await self._changed.wait_for(lambda: bool(self._groups) or self._closed)
-                if not self._groups:
-                    raise QueueClosed("the TrajectoryQueue is closed and empty")
-                group = self._groups.popleft()
-                self._changed.notify_all()
-                if self._too_stale(group):
-                    self.dropped_stale.append(group)
-                    continue
-                self.got_total += 1
-                return group
+            await self._changed.wait_for(lambda: bool(self._groups) or self._closed)
+            if not self._groups:
+                raise QueueClosed("the TrajectoryQueue is closed and empty")
+            group = self._groups.popleft()
+            self._changed.notify_all()
+            self.got_total += 1
+            return group
 
     async def get_batch(self, n: int) -> list[Group]:
         return [await self.get() for _ in range(n)]

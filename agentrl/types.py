@@ -11,11 +11,16 @@ A :class:`Trajectory` is one token sequence with parallel arrays of equal length
 Invariants are checked at construction; a violation raises ``ValueError`` naming the
 offending lengths or positions. Arrays are numpy (int32/float32/int8), about 13 bytes
 per token. No torch, no vLLM, no I/O here.
+
+Two small values name things that used to be strings parsed back: a failed episode's
+:class:`FailureKind` (carried next to its human-readable ``reason``), and the
+:class:`RequestId` of one generation call (built and parsed here only).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 from typing import Any, Literal
 
@@ -26,6 +31,60 @@ SpanKind = Literal["prompt", "assistant", "tool", "env"]
 NO_VERSION = -1
 
 Message = dict[str, Any]
+
+
+class FailureKind(enum.StrEnum):
+    """Why an episode failed (status ``failed``), as data; ``reason`` says it in words.
+
+    The metrics count each kind as ``failures/<kind>``.
+    """
+
+    ENV_EXCEPTION = "env_exception"
+    """The env raised in ``make``, ``reset``, ``step`` or ``set_state``."""
+    ENV_TIMEOUT = "env_timeout"
+    """An env call took longer than ``rollout.env_timeout_s``."""
+    ENV_BAD_OBSERVATION = "env_bad_observation"
+    """The env returned something that is not an observation (a str or chat messages)."""
+    ENV_REPLAY = "env_replay"
+    """Resuming by replaying the recorded actions did not reproduce the recorded
+    observations (the env is not deterministic from its seed)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RequestId:
+    """The id of one generation call: its episode and a number unique in the process.
+
+    Written ``"<episode_id>-<serial>"``; the episode id may itself hold ``-``, the serial
+    never does. The inference pool routes by :attr:`episode_id` (episode affinity), and
+    a weight update finds the episodes it aborted through it.
+    """
+
+    episode_id: str
+    serial: int
+
+    def __post_init__(self) -> None:
+        if not self.episode_id:
+            raise ValueError(f"a request id needs an episode id, got {self.episode_id!r}")
+        if self.serial < 0:
+            raise ValueError(f"request id serial {self.serial} is negative")
+
+    def format(self) -> str:
+        return f"{self.episode_id}-{self.serial}"
+
+    def __str__(self) -> str:
+        return self.format()
+
+    @classmethod
+    def parse(cls, text: str) -> RequestId:
+        """The inverse of :meth:`format`.
+
+        Raises:
+            ValueError: ``text`` was not made by :meth:`format`.
+        """
+        episode_id, sep, serial = text.rpartition("-")
+        if not sep or not episode_id or not (serial.isascii() and serial.isdigit()):
+            raise ValueError(f"{text!r} is not a request id of the form '<episode_id>-<serial>'")
+        return cls(episode_id, int(serial))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -84,6 +143,10 @@ class Trajectory:
     reward: float
     status: EpisodeStatus
     reason: str = ""
+    """Why it ended, in words, for people (shown, never parsed)."""
+    failure: FailureKind | None = None
+    """Why it failed, as data: set exactly when ``status`` is ``failed`` and the kind is
+    known (None on failed records written before the kind was recorded)."""
     segment: int = 0
     attempt: int = 0
     timings: Timings = dataclasses.field(default_factory=Timings)
@@ -101,6 +164,8 @@ class Trajectory:
         self.versions = _array(self.versions, np.int32)
         self.loss_mask = _array(self.loss_mask, np.int8)
         self.spans = tuple(self.spans)
+        if self.failure is not None:
+            self.failure = FailureKind(self.failure)
         self.validate()
 
     def validate(self) -> None:
@@ -117,6 +182,8 @@ class Trajectory:
             raise ValueError(f"{who}: parallel arrays differ in length: {lengths}")
         if self.status not in ("finished", "truncated", "failed"):
             raise ValueError(f"{who}: status {self.status!r} is not finished/truncated/failed")
+        if self.failure is not None and self.status != "failed":
+            raise ValueError(f"{who}: status {self.status!r} with failure kind {self.failure!r}")
         if not math.isfinite(self.reward):
             raise ValueError(f"{who}: reward {self.reward} is not finite")
         mask = self.loss_mask.astype(bool)
@@ -184,6 +251,7 @@ class Trajectory:
             "attempt": self.attempt,
             "status": self.status,
             "reason": self.reason,
+            "failure": None if self.failure is None else self.failure.value,
             "reward": self.reward,
             "turn_rewards": self.turn_rewards,
             "token_ids": self.token_ids.tolist(),
@@ -215,6 +283,7 @@ class Trajectory:
             reward=data["reward"],
             status=data["status"],
             reason=data.get("reason", ""),
+            failure=failure_of(data, data["status"]),
             segment=data.get("segment", 0),
             attempt=data.get("attempt", 0),
             timings=Timings(**data.get("timings", {})),
@@ -222,6 +291,20 @@ class Trajectory:
             env_log=data.get("env_log", []),
             turn_starts=data.get("turn_starts", []),
         )
+
+
+def failure_of(record: dict[str, Any], status: str) -> FailureKind | None:
+    """The failure kind of a stored trajectory record (its JSON meta, or a JSONL line).
+
+    Records written before the kind was a field spelled it as the prefix of their
+    reason (``"env_timeout: ..."``); for them, and only here, the reason is parsed.
+    """
+    if "failure" in record:
+        return None if record["failure"] is None else FailureKind(record["failure"])
+    if status != "failed":
+        return None
+    prefix = str(record.get("reason", "")).split(":", 1)[0].strip()
+    return FailureKind(prefix) if prefix in FailureKind._value2member_map_ else None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

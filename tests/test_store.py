@@ -23,7 +23,7 @@ from agentrl.errors import StoreError
 from agentrl.queue import TrajectoryQueue
 from agentrl.rollout import EpisodeRunner, RolloutConfig, Scheduler, tasks_for
 from agentrl.store import SCHEMA_VERSION, EpisodeStore, StoreWriter
-from agentrl.types import PartialEpisode, Task, Trajectory
+from agentrl.types import FailureKind, PartialEpisode, Task, Trajectory
 from tests.rollout.fakes import ScriptedClient
 
 
@@ -156,7 +156,40 @@ def test_resume_of_an_env_that_is_not_reproducible_fails_with_a_reason(tokenizer
     _, snapshots = asyncio.run(run_with_checkpoints(tokenizer, "tests/Noisy-v0"))
     runner = EpisodeRunner(ScriptedClient(tokenizer, counting_model), tokenizer)
     (result,) = asyncio.run(runner.resume(snapshots[-1]))
-    assert result.status == "failed" and result.reason.startswith("env_replay:")
+    assert result.status == "failed" and result.failure is FailureKind.ENV_REPLAY
+    assert result.reason.startswith("env_replay: replaying step"), result.reason
+
+
+def test_the_failure_kind_is_stored_and_older_rows_without_it_still_load(
+    tmp_path: Path, tokenizer: Any
+) -> None:
+    _, snapshots = asyncio.run(run_with_checkpoints(tokenizer, "tests/Noisy-v0"))
+    runner = EpisodeRunner(ScriptedClient(tokenizer, counting_model), tokenizer)
+    (failed,) = asyncio.run(runner.resume(snapshots[-1]))
+    assert runner.metrics.counters["failures/env_replay"] == 1
+    task = snapshots[-1].task
+    with EpisodeStore.open(tmp_path) as store:
+        store.add_tasks([task], 1)
+        store.save_episode([failed])
+        (back,) = store.trajectories(failed.episode_id)
+        assert (back.status, back.failure, back.reason) == ("failed", failed.failure,
+                                                            failed.reason)  # fmt: skip
+        # A row written before the kind was a field: its meta has no "failure" key.
+        with store.batch() as db:
+            db.execute("UPDATE trajectories SET meta = json_remove(meta, '$.failure')")
+        (old,) = store.trajectories(failed.episode_id)
+        assert old.failure is FailureKind.ENV_REPLAY and old.reason == failed.reason
+        with store.batch() as db:  # an old failure whose reason names no known kind
+            db.execute("UPDATE trajectories SET meta = json_set(meta, '$.reason', 'it broke')")
+        (unknown,) = store.trajectories(failed.episode_id)
+        assert unknown.status == "failed" and unknown.failure is None
+    line = failed.to_json()
+    assert (
+        line["failure"] == "env_replay"
+        and Trajectory.from_json(line).failure is FailureKind.ENV_REPLAY
+    )
+    del line["failure"]
+    assert Trajectory.from_json(line).failure is FailureKind.ENV_REPLAY
 
 
 def test_writer_batches_in_order_and_keeps_only_the_newest_checkpoint(

@@ -3,7 +3,9 @@
 Owns the :class:`InferenceClient` protocol, the values that cross it
 (:class:`SamplingConfig`, :class:`Generation`), the engine settings
 (:class:`InferenceConfig`), and the in-flight bookkeeping both vLLM clients share
-(:class:`InflightRequests`). Never renders text or runs env logic.
+(:class:`InflightRequests`; callers see it as :class:`InflightView`). The vLLM
+clients' shared machinery lives in :mod:`agentrl.inference.client_base`. Never renders
+text or runs env logic.
 
 Every generation is in token ids: a prompt goes in as ids, the sampled ids come back
 with one behaviour logprob each and the policy version that served them. Nothing
@@ -16,13 +18,20 @@ import asyncio
 import dataclasses
 import itertools
 import math
-from collections.abc import Sequence
-from typing import Literal, Protocol, runtime_checkable
+from collections.abc import Callable, Sequence
+from typing import Literal, Protocol, Self, runtime_checkable
 
 from agentrl.config import InferenceConfig
 from agentrl.errors import ContextOverflowError
 
-__all__ = ["FinishReason", "Generation", "InferenceClient", "InferenceConfig", "SamplingConfig"]
+__all__ = [
+    "FinishReason",
+    "Generation",
+    "InferenceClient",
+    "InferenceConfig",
+    "InflightView",
+    "SamplingConfig",
+]
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -102,9 +111,46 @@ class Generation:
             )
 
 
+class InflightView(Protocol):
+    """What a client shows of its running requests (``InferenceClient.requests``).
+
+    Implemented by :class:`InflightRequests` (one vLLM engine or server) and by the
+    server pool's view over its servers.
+    """
+
+    def __len__(self) -> int:
+        """How many requests are running (or, in a pool, waiting for a server)."""
+        ...
+
+    def ids(self) -> list[str]:
+        """The ids of the running requests, in the order they started."""
+        ...
+
+    def sampled(self, request_id: str) -> int:
+        """Tokens sampled so far by a running request (0 if it is not running)."""
+        ...
+
+    async def wait_for_tokens(self, request_id: str, n: int) -> int:
+        """Wait until a running request has sampled ``n`` tokens or has ended.
+
+        Returns the number sampled at that moment.
+
+        Raises:
+            KeyError: the request is not running.
+        """
+        ...
+
+
 @runtime_checkable
 class InferenceClient(Protocol):
-    """An inference engine that works in token ids and knows its policy version."""
+    """An inference engine that works in token ids and knows its policy version.
+
+    Everything a caller (the runner, the rollout controller, the CLI) may use; the three
+    implementations (:class:`~agentrl.inference.engine.VLLMEngineClient`,
+    :class:`~agentrl.inference.server.VLLMServerClient`,
+    :class:`~agentrl.inference.pool.ServerPool`) have each member with the same
+    signature. Use as ``async with client:``; leaving the block closes it.
+    """
 
     @property
     def version(self) -> int:
@@ -114,6 +160,11 @@ class InferenceClient(Protocol):
     @property
     def max_model_len(self) -> int:
         """The context window: prompt plus sampled tokens never exceed it."""
+        ...
+
+    @property
+    def requests(self) -> InflightView:
+        """The requests in flight and what each has sampled so far."""
         ...
 
     async def generate(
@@ -126,6 +177,7 @@ class InferenceClient(Protocol):
 
         Raises:
             ContextOverflowError: the prompt leaves no room for one sampled token.
+            EngineError: the engine failed, or the client is closed.
         """
         ...
 
@@ -138,19 +190,50 @@ class InferenceClient(Protocol):
     ) -> int:
         """Load full weights (safetensors in ``weights_dir``); return the new version.
 
+        ``version``: the label of the new weights (default: the current version + 1).
         Requests in flight finish under the old weights first, unless ``keep_inflight``
         freezes them and continues them under the new weights (KV from the old ones).
+
+        Raises:
+            WeightSyncError: the engine refused the weights; it serves the old ones.
         """
         ...
 
     async def load_lora_adapter(
         self, adapter_dir: str, version: int | None = None, *, keep_inflight: bool = False
     ) -> int:
-        """Serve every later request with this peft adapter; return the new version."""
+        """Serve every later request with this peft adapter; return the new version.
+
+        Raises:
+            WeightSyncError: the engine refused the adapter (or was started without LoRA).
+        """
+        ...
+
+    async def push_weights(
+        self, send: Callable[[], object], version: int | None = None, *,
+        keep_inflight: bool = False,
+    ) -> int:  # fmt: skip
+        """Load weights that the blocking ``send`` streams in (NCCL); return the new version.
+
+        ``send`` runs in a worker thread while the engine is paused.
+
+        Raises:
+            WeightSyncError: the client has no weight-transfer backend (only the
+                in-process engine started with ``inference.weight_transfer`` has one),
+                or the transfer failed.
+        """
         ...
 
     async def close(self) -> None:
         """Abort everything in flight and shut the engine down. Safe to call twice."""
+        ...
+
+    async def __aenter__(self) -> Self:
+        """The client itself."""
+        ...
+
+    async def __aexit__(self, *exc: object) -> None:
+        """:meth:`close` it."""
         ...
 
 

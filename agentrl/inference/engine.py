@@ -18,17 +18,17 @@ import asyncio
 import gc
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from agentrl.errors import EngineError, EngineStartupError, WeightSyncError
 from agentrl.inference.base import (
     Generation,
     InferenceConfig,
-    InflightRequests,
     SamplingConfig,
     clamp_max_tokens,
 )
+from agentrl.inference.client_base import VLLMClientBase
 from agentrl.models import resolve_model
 
 if TYPE_CHECKING:
@@ -37,25 +37,23 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-class VLLMEngineClient:
+class VLLMEngineClient(VLLMClientBase):
     """An :class:`~agentrl.inference.base.InferenceClient` over an in-process ``AsyncLLM``.
 
     Create with :meth:`start`; use as an async context manager or call :meth:`close`.
+    Version, abort and the update sequence come from
+    :class:`~agentrl.inference.client_base.VLLMClientBase`.
     """
 
     def __init__(self, engine: AsyncLLM, config: InferenceConfig, model_path: str,
                  max_lora_rank: int | None = None) -> None:  # fmt: skip
+        super().__init__(config)
         self._engine = engine
-        self.config = config
         self.model_path = model_path
         self.max_lora_rank = max_lora_rank
         """The adapter rank LoRA updates may have; None: started without LoRA."""
-        self._version = 0
-        self._inflight = InflightRequests()
         self._lora: Any = None  # vllm.lora.request.LoRARequest of the served adapter
         self._lora_ids = 0
-        self._update_lock = asyncio.Lock()
-        self._closed = False
 
     @classmethod
     async def start(
@@ -133,25 +131,6 @@ class VLLMEngineClient:
             )
         return client
 
-    async def __aenter__(self) -> VLLMEngineClient:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    @property
-    def version(self) -> int:
-        return self._version
-
-    @property
-    def max_model_len(self) -> int:
-        return self.config.max_model_len
-
-    @property
-    def requests(self) -> InflightRequests:
-        """The running requests and what each has sampled so far."""
-        return self._inflight
-
     async def generate(
         self, prompt_token_ids: Sequence[int], sampling: SamplingConfig, request_id: str
     ) -> Generation:
@@ -217,17 +196,6 @@ class VLLMEngineClient:
             request_id, finish_reason, version, len(prompt), _span_versions(spans, version)
         )
 
-    async def abort(self, request_id: str) -> Generation | None:
-        done = self._inflight.completion(request_id)
-        if done is None:
-            return None
-        self._inflight.aborted.add(request_id)
-        await self._engine.abort(request_id)
-        try:
-            return await asyncio.shield(done)
-        except Exception:
-            return None
-
     async def reload_weights(
         self, weights_dir: str, version: int | None = None, *, keep_inflight: bool = False
     ) -> int:
@@ -240,7 +208,7 @@ class VLLMEngineClient:
         with the KV cache computed by the old ones.
         """
 
-        async def reload() -> None:
+        async def reload(new_version: int) -> None:
             await self._engine.collective_rpc(
                 "reload_weights", kwargs={"weights_path": str(weights_dir)}
             )
@@ -263,9 +231,8 @@ class VLLMEngineClient:
                 "this engine was started without LoRA; start it with max_lora_rank set "
                 "(agentrl train does so when trainer.lora.enabled = true)"
             )
-        new_version = self._version + 1 if version is None else version
 
-        async def load() -> None:
+        async def load(new_version: int) -> None:
             self._lora_ids += 1
             request = LoRARequest(f"adapter-v{new_version}", self._lora_ids, str(adapter_dir))
             await self._engine.add_lora(request)
@@ -274,11 +241,12 @@ class VLLMEngineClient:
                 await self._engine.remove_lora(previous.lora_int_id)
 
         return await self._update(f"loading the LoRA adapter in {str(adapter_dir)!r}", load,
-                                  new_version, keep_inflight)  # fmt: skip
+                                  version, keep_inflight)  # fmt: skip
 
     async def push_weights(
-        self, send: Any, version: int | None = None, *, keep_inflight: bool = False
-    ) -> int:
+        self, send: Callable[[], object], version: int | None = None, *,
+        keep_inflight: bool = False,
+    ) -> int:  # fmt: skip
         """Load weights that ``send`` streams in (blocking; run in a worker thread).
 
         For vLLM's weight-transfer engines (NCCL): ``send`` is the trainer side of the
@@ -291,32 +259,10 @@ class VLLMEngineClient:
                 "inference.weight_transfer = 'nccl' (GPU only)"
             )
 
-        async def load() -> None:
+        async def load(new_version: int) -> None:
             await asyncio.to_thread(send)
 
         return await self._update("pushing weights", load, version, keep_inflight)
-
-    async def _update(
-        self, action: str, load: Any, version: int | None, keep_inflight: bool
-    ) -> int:
-        new_version = self._version + 1 if version is None else version
-        async with self._update_lock:
-            try:
-                if keep_inflight:
-                    await self._engine.pause_generation(mode="keep", clear_cache=False)
-                else:
-                    await self._engine.pause_generation(mode="wait")
-                try:
-                    await load()
-                    # With frozen requests holding blocks this may not clear everything.
-                    await self._engine.reset_prefix_cache()
-                    await self._engine.update_weight_version(str(new_version))
-                    self._version = new_version
-                finally:
-                    await self._engine.resume_generation()
-            except Exception as e:
-                raise WeightSyncError(f"{action} failed: {e}") from e
-        return new_version
 
     async def close(self) -> None:
         if self._closed:
@@ -340,6 +286,26 @@ class VLLMEngineClient:
             await asyncio.sleep(0.1)
         finally:
             handler_log.setLevel(level)
+
+    # -- the hooks of VLLMClientBase -------------------------------------------------------
+
+    async def _stop(self, request_id: str) -> None:
+        await self._engine.abort(request_id)
+
+    async def _pause(self, keep_inflight: bool) -> None:
+        if keep_inflight:
+            await self._engine.pause_generation(mode="keep", clear_cache=False)
+        else:
+            await self._engine.pause_generation(mode="wait")
+
+    async def _resume(self) -> None:
+        await self._engine.resume_generation()
+
+    async def _reset_prefix_cache(self) -> None:
+        await self._engine.reset_prefix_cache()
+
+    async def _label_weights(self, version: int) -> None:
+        await self._engine.update_weight_version(str(version))
 
 
 def _span_versions(spans: Any, default: int) -> tuple[int, ...] | None:

@@ -21,7 +21,11 @@ Failure
 Health
     A background task checks ``/health`` of every server. A server that is down is
     retried with a doubling delay (0.5 s up to 8 s). A server that agentrl started
-    itself and whose process died is started again (``max_restarts`` times).
+    itself and whose process died is started again (``max_restarts`` times). If that
+    task (or a recovery it started) crashes, nothing watches the servers any more:
+    the next ``generate`` or weight update, and requests waiting for a server, raise
+    an :class:`~agentrl.errors.EngineError` caused by the crash, and so does
+    :meth:`ServerPool.close` (leaving ``async with``), so the run stops with it.
 
 Weights
     An update goes to every healthy server at once. A server that was down (or
@@ -38,12 +42,19 @@ import dataclasses
 import logging
 import time
 from collections import OrderedDict, deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from agentrl.errors import ConfigError, EngineError, InfraError, ServerUnavailable
+from agentrl.errors import (
+    ConfigError,
+    EngineError,
+    InfraError,
+    ServerUnavailable,
+    WeightSyncError,
+)
 from agentrl.inference.base import Generation, InferenceConfig, SamplingConfig
 from agentrl.inference.server import VLLMServer, VLLMServerClient
+from agentrl.types import RequestId
 
 logger = logging.getLogger(__name__)
 
@@ -160,6 +171,7 @@ class ServerPool:
         self._changed = asyncio.Event()  # replaced by a fresh one on every change
         self._update_lock = asyncio.Lock()
         self._health: asyncio.Task[None] | None = None
+        self._health_error: BaseException | None = None  # what crashed the health checks
         self._closed = False
 
     async def __aenter__(self) -> ServerPool:
@@ -167,7 +179,16 @@ class ServerPool:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+        """Close the pool; a crash of its health checks is raised here (see :meth:`close`).
+
+        Unless the block is already leaving with an error (most likely that same crash,
+        raised by a request): that error goes on, and the crash is in the log.
+        """
+        try:
+            await self.close()
+        except EngineError:
+            if exc[1] is None:
+                raise
 
     # -- the InferenceClient protocol ------------------------------------------------------
 
@@ -186,10 +207,14 @@ class ServerPool:
     async def generate(
         self, prompt_token_ids: Sequence[int], sampling: SamplingConfig, request_id: str
     ) -> Generation:
+        self._raise_if_health_failed()
         self._start_health()
         if request_id in self._requests.where:
             raise ValueError(f"request id {request_id!r} is already in flight; ids must be unique")
-        key = request_id.rsplit("-", 1)[0]
+        try:  # episode affinity: the runner's ids name their episode
+            key = RequestId.parse(request_id).episode_id
+        except ValueError:  # an id of someone else's making is its own key
+            key = request_id
         self._requests.where[request_id] = None
         try:
             while True:
@@ -237,7 +262,28 @@ class ServerPool:
     ) -> int:
         return await self._update("lora", str(adapter_dir), version, keep_inflight)
 
+    async def push_weights(
+        self, send: Callable[[], object], version: int | None = None, *,
+        keep_inflight: bool = False,
+    ) -> int:  # fmt: skip
+        """Refused: servers load weights from files (``reload_weights``).
+
+        Raises:
+            WeightSyncError: always; pushing (NCCL) needs the in-process engine.
+        """
+        self._raise_if_health_failed()
+        raise WeightSyncError(
+            "a server pool loads weights from files; pushing them (inference."
+            "weight_transfer) works only with inference.mode = 'engine'"
+        )
+
     async def close(self) -> None:
+        """Stop the health checks and close every server's client. Safe to call twice.
+
+        Raises:
+            EngineError: the health checks had crashed (the first call only; the pool
+                is closed all the same).
+        """
         if self._closed:
             return
         self._closed = True
@@ -245,10 +291,13 @@ class ServerPool:
         for task in tasks:
             task.cancel()
         for task in tasks:
+            # A crash is kept by _watch and raised below; cancelling is what we asked for.
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+            self._watch(task)
         for m in self.members:
             await m.client.close()
+        self._raise_if_health_failed()
 
     # -- state ------------------------------------------------------------------------------
 
@@ -291,6 +340,7 @@ class ServerPool:
         while True:
             if request_id in self._aborted:
                 return None
+            self._raise_if_health_failed()  # nobody would bring a server back
             ready = self._ready()
             if ready:
                 member = self._affinity.get(key)
@@ -319,6 +369,7 @@ class ServerPool:
                     await changed.wait()
 
     async def _update(self, kind: str, path: str, version: int | None, keep: bool) -> int:
+        self._raise_if_health_failed()
         self._start_health()
         async with self._update_lock:
             new_version = self._version + 1 if version is None else version
@@ -354,6 +405,26 @@ class ServerPool:
     def _start_health(self) -> None:
         if self._health is None and not self._closed:
             self._health = asyncio.create_task(self._health_loop(), name="server-pool-health")
+            self._health.add_done_callback(self._watch)
+
+    def _watch(self, task: asyncio.Task[None]) -> None:
+        """Keep the first crash of the health loop or of a recovery; wake the waiters."""
+        if not task.done() or task.cancelled() or task.exception() is None:
+            return
+        if self._health_error is None:
+            self._health_error = task.exception()
+            logger.error("the server pool's %s crashed; no server is watched any more",
+                         task.get_name(), exc_info=self._health_error)  # fmt: skip
+            self._notify()
+
+    def _raise_if_health_failed(self) -> None:
+        error = self._health_error
+        if error is not None:
+            raise EngineError(
+                f"the server pool's health checks crashed ({type(error).__name__}: {error}; "
+                "the traceback is in the log), so no server is watched or brought back. The "
+                "episode store is intact: `agentrl train --resume RUN_DIR` continues the run"
+            ) from error
 
     async def _health_loop(self) -> None:
         while True:
@@ -374,6 +445,7 @@ class ServerPool:
         busy = m.recovering is not None and not m.recovering.done()
         if not busy and not m.gave_up and time.monotonic() >= m.next_try:
             m.recovering = asyncio.create_task(self._recover(m), name=f"recover {m.url}")
+            m.recovering.add_done_callback(self._watch)
 
     async def _recover(self, m: _Member) -> None:
         """Bring a down server back: restart it if it is ours and dead, then catch it up."""

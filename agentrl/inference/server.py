@@ -23,7 +23,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,10 +39,10 @@ from agentrl.errors import (
 from agentrl.inference.base import (
     Generation,
     InferenceConfig,
-    InflightRequests,
     SamplingConfig,
     clamp_max_tokens,
 )
+from agentrl.inference.client_base import VLLMClientBase
 from agentrl.models import resolve_model
 from agentrl.net import free_port
 
@@ -253,8 +253,12 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-class VLLMServerClient:
+class VLLMServerClient(VLLMClientBase):
     """An :class:`~agentrl.inference.base.InferenceClient` over a ``vllm serve`` server.
+
+    Version, abort and the update sequence come from
+    :class:`~agentrl.inference.client_base.VLLMClientBase`; weights load from files (full
+    weights or a LoRA adapter), never pushed (:meth:`push_weights` refuses).
 
     Args:
         base_url: e.g. ``http://127.0.0.1:8000``.
@@ -266,35 +270,12 @@ class VLLMServerClient:
     def __init__(
         self, base_url: str, config: InferenceConfig | None = None, model_name: str | None = None
     ) -> None:
+        super().__init__(config or InferenceConfig())
         self.base_url = base_url.rstrip("/")
-        self.config = config or InferenceConfig()
         self._model_name = model_name
         self._served_name: str | None = None  # the adapter's name once one is loaded
-        self._version = 0
-        self._inflight = InflightRequests()
         self._responses: dict[str, aiohttp.ClientResponse] = {}
         self._session: aiohttp.ClientSession | None = None
-        self._update_lock = asyncio.Lock()
-        self._closed = False
-
-    async def __aenter__(self) -> VLLMServerClient:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    @property
-    def version(self) -> int:
-        return self._version
-
-    @property
-    def max_model_len(self) -> int:
-        return self.config.max_model_len
-
-    @property
-    def requests(self) -> InflightRequests:
-        """The running requests and what each has sampled so far."""
-        return self._inflight
 
     def _http(self) -> aiohttp.ClientSession:
         if self._closed:
@@ -419,73 +400,73 @@ class VLLMServerClient:
                     finish_reason = choice["finish_reason"]
         return finish_reason if finish_reason in ("stop", "length") else "abort"
 
-    async def abort(self, request_id: str) -> Generation | None:
-        done = self._inflight.completion(request_id)
-        if done is None:
-            return None
-        self._inflight.aborted.add(request_id)
-        response = self._responses.get(request_id)
-        if response is not None:
-            response.close()  # vLLM aborts a request whose stream is closed
-        try:
-            return await asyncio.shield(done)
-        except Exception:
-            return None
-
-    async def _paused(
-        self, action: str, steps: Sequence[tuple[str, str, dict[str, Any]]], keep: bool = False
-    ) -> None:
-        """Run admin steps between /pause (``wait`` mode, or ``keep``) and /resume."""
-        params = {"mode": "keep", "clear_cache": "false"} if keep else {"mode": "wait"}
-        try:
-            await self._call("POST", "/pause", params=params)
-            try:
-                for method, path, kwargs in steps:
-                    await self._call(method, path, **kwargs)
-            finally:
-                await self._call("POST", "/resume")
-        except EngineError as e:
-            raise WeightSyncError(f"{action} on {self.base_url} failed: {e}") from e
-
     async def reload_weights(
         self, weights_dir: str, version: int | None = None, *, keep_inflight: bool = False
     ) -> int:
-        new_version = self._version + 1 if version is None else version
+        """Load the safetensors in ``weights_dir`` (a folder the server can read)."""
         rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(weights_dir)}}
-        async with self._update_lock:
-            await self._paused(
-                f"reloading weights from {str(weights_dir)!r}",
-                [
-                    ("POST", "/collective_rpc", {"json": rpc}),
-                    ("POST", "/reset_prefix_cache", {}),
-                    ("POST", "/update_weight_version", {"json": {"new_version": str(new_version)}}),
-                ],
-                keep=keep_inflight,
-            )
-            self._version = new_version
-        return new_version
+
+        async def reload(new_version: int) -> None:
+            await self._call("POST", "/collective_rpc", json=rpc)
+
+        action = f"reloading weights from {str(weights_dir)!r} on {self.base_url}"
+        return await self._update(action, reload, version, keep_inflight)
 
     async def load_lora_adapter(
         self, adapter_dir: str, version: int | None = None, *, keep_inflight: bool = False
     ) -> int:
-        new_version = self._version + 1 if version is None else version
-        name = f"adapter-v{new_version}"
-        async with self._update_lock:
+        """Serve later requests with the peft adapter in ``adapter_dir``.
+
+        The previous adapter is unloaded once the new one is labelled, unless
+        ``keep_inflight`` (requests still running on it keep it).
+        """
+
+        async def load(new_version: int) -> None:
+            payload = {"lora_name": f"adapter-v{new_version}", "lora_path": str(adapter_dir)}
+            await self._call("POST", "/v1/load_lora_adapter", json=payload)
+
+        async def switch(new_version: int) -> None:
             previous = self._served_name
-            steps = [
-                ("POST", "/v1/load_lora_adapter",
-                 {"json": {"lora_name": name, "lora_path": str(adapter_dir)}}),
-                ("POST", "/reset_prefix_cache", {}),
-                ("POST", "/update_weight_version", {"json": {"new_version": str(new_version)}}),
-            ]  # fmt: skip
             if previous is not None and not keep_inflight:
-                steps.append(("POST", "/v1/unload_lora_adapter", {"json": {"lora_name": previous}}))
-            await self._paused(
-                f"loading the LoRA adapter in {str(adapter_dir)!r}", steps, keep=keep_inflight
-            )
-            self._served_name = name
-            self._version = new_version
-        return new_version
+                await self._call("POST", "/v1/unload_lora_adapter", json={"lora_name": previous})
+            self._served_name = f"adapter-v{new_version}"
+
+        action = f"loading the LoRA adapter in {str(adapter_dir)!r} on {self.base_url}"
+        return await self._update(action, load, version, keep_inflight, finish=switch)
+
+    async def push_weights(
+        self, send: Callable[[], object], version: int | None = None, *,
+        keep_inflight: bool = False,
+    ) -> int:  # fmt: skip
+        """Refused: a server loads weights from files (``reload_weights``).
+
+        Raises:
+            WeightSyncError: always; pushing (NCCL) needs the in-process engine.
+        """
+        raise WeightSyncError(
+            f"{self.base_url} loads weights from files; pushing them (inference."
+            "weight_transfer) works only with inference.mode = 'engine'"
+        )
+
+    # -- the hooks of VLLMClientBase -------------------------------------------------------
+
+    async def _stop(self, request_id: str) -> None:
+        response = self._responses.get(request_id)
+        if response is not None:
+            response.close()  # vLLM aborts a request whose stream is closed
+
+    async def _pause(self, keep_inflight: bool) -> None:
+        params = {"mode": "keep", "clear_cache": "false"} if keep_inflight else {"mode": "wait"}
+        await self._call("POST", "/pause", params=params)
+
+    async def _resume(self) -> None:
+        await self._call("POST", "/resume")
+
+    async def _reset_prefix_cache(self) -> None:
+        await self._call("POST", "/reset_prefix_cache")
+
+    async def _label_weights(self, version: int) -> None:
+        await self._call("POST", "/update_weight_version", json={"new_version": str(version)})
 
     async def close(self) -> None:
         if self._closed:

@@ -24,7 +24,8 @@ Other policies:
   updates are small and throughput matters more than an exact behaviour policy.
 * ``drop``: like ``resume``, but a parked episode whose oldest sampled token would be
   more than ``max_staleness`` versions behind after the update is discarded and run
-  again from the start (its tokens count as discarded).
+  again from the start (its tokens count as discarded); the rule is
+  :meth:`~agentrl.rollout.staleness.Staleness.too_stale`.
 
 Every update records, in the metrics and the store's version history: the
 pause-to-resume time, episodes paused, requests aborted, tokens re-prefilled, tokens
@@ -38,14 +39,14 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal
 
-import numpy as np
-
 from agentrl import faults
 from agentrl.errors import ConfigError
 from agentrl.metrics import Metrics
 from agentrl.protocols import UpdateStats
 from agentrl.rollout.runner import EpisodeRunner
+from agentrl.rollout.staleness import Staleness
 from agentrl.store import StoreWriter
+from agentrl.types import RequestId
 
 UpdatePolicy = Literal["resume", "keep", "drop"]
 POLICIES = ("resume", "keep", "drop")
@@ -84,6 +85,7 @@ class RolloutController:
         self.writer = writer
         self.policy = policy
         self.max_staleness = max_staleness
+        self.staleness = Staleness(max_staleness)
         self.metrics = metrics or runner.metrics
         if runner.admission is None:
             runner.admission = asyncio.Event()
@@ -158,7 +160,7 @@ class RolloutController:
             ids = client.requests.ids()
             results = await asyncio.gather(*(client.abort(rid) for rid in ids))
             aborted = {
-                rid.rsplit("-", 1)[0]
+                RequestId.parse(rid).episode_id
                 for rid, gen in zip(ids, results, strict=True)
                 if gen is not None and gen.finish_reason == "abort"
             }
@@ -167,10 +169,9 @@ class RolloutController:
             parked = list(runner.parked)
             dropped, discarded = [], 0
             if self.policy == "drop":
-                oldest_allowed = next_version - (self.max_staleness or 0)
                 for episode_id in parked:
-                    oldest = _oldest_version(runner.parked[episode_id])
-                    if oldest is not None and oldest < oldest_allowed:
+                    oldest = runner.oldest_version(episode_id)
+                    if self.staleness.too_stale(oldest, next_version):
                         discarded += runner.drop(
                             episode_id,
                             f"oldest token at version {oldest}, more than max_staleness="
@@ -184,7 +185,7 @@ class RolloutController:
                     self.writer.partial(runner.snapshot(episode_id))
                 await self.writer.flush()
             store_write_s = time.perf_counter() - t_write
-            reprefill = sum(len(runner.parked[e].conversation or ()) for e in kept)
+            reprefill = sum(runner.prefix_tokens(e) for e in kept)
             t_reload = time.perf_counter()
             new_version = await self._reload(weights_dir, lora_dir, version, keep=False)
             reload_s = time.perf_counter() - t_reload
@@ -220,13 +221,3 @@ class RolloutController:
             self.writer.version(stats.version, kind, stats.source, stats.as_dict())
             await self.writer.flush()
         return stats
-
-
-def _oldest_version(episode: Any) -> int | None:
-    conv = episode.conversation
-    if conv is None:
-        return None
-    versions = [
-        v for seg in conv.segments for v, m in zip(seg.versions, seg.loss_mask, strict=True) if m
-    ]
-    return int(np.min(versions)) if versions else None

@@ -11,15 +11,17 @@ What ends an episode, and how it is recorded:
 * ``finished``: the env terminated;
 * ``truncated``: the env truncated, or the turn limit, the tool-call limit or the
   context window was reached (``reason`` says which);
-* ``failed``: the env raised (in ``reset`` or ``step``) or returned something that is
-  not an observation; ``reason`` holds the exception.
+* ``failed``: the env raised (in ``reset`` or ``step``), timed out, or returned
+  something that is not an observation; ``failure`` holds the
+  :class:`~agentrl.types.FailureKind` and ``reason`` the exception, in words.
 
 Engine failures are not episode failures: they raise :class:`InfraError` and stop the
 run. Sync envs and tools run in worker threads; only the event loop coordinates.
 
 Pausing and resuming: before each generation call the runner passes the admission
 gate; while a weight update holds it closed, the episode is *parked* (its state is
-readable through :meth:`EpisodeRunner.snapshot`). An aborted generation hands back
+readable through :meth:`EpisodeRunner.snapshot`, :meth:`~EpisodeRunner.oldest_version`
+and :meth:`~EpisodeRunner.prefix_tokens`). An aborted generation hands back
 its tokens, and the runner continues from the exact prefix once the gate opens. At
 every turn boundary the episode is offered to ``checkpoint`` as a
 :class:`~agentrl.types.PartialEpisode`; :meth:`EpisodeRunner.resume` continues one.
@@ -32,6 +34,7 @@ import concurrent.futures
 import dataclasses
 import functools
 import itertools
+import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -43,9 +46,20 @@ from agentrl.env import EnvHandle, make_env, supports_state
 from agentrl.errors import ContextOverflowError, InfraError
 from agentrl.inference.base import InferenceClient, SamplingConfig
 from agentrl.metrics import Metrics
-from agentrl.tools import ToolSet
+from agentrl.rollout.verify import verify_log
+from agentrl.tools import ToolCall, ToolResult, ToolSet
 from agentrl.trace import ROLLOUT, EpisodeTrace, Tracer
-from agentrl.types import EpisodeStatus, PartialEpisode, Task, Timings, Trajectory
+from agentrl.types import (
+    EpisodeStatus,
+    FailureKind,
+    PartialEpisode,
+    RequestId,
+    Task,
+    Timings,
+    Trajectory,
+)
+
+logger = logging.getLogger(__name__)
 
 _request_ids = itertools.count()
 
@@ -86,7 +100,14 @@ class EpisodeProgress:
 
 
 class EnvFailure(Exception):
-    """The env raised or misbehaved; the episode fails with this reason."""
+    """The env raised or misbehaved; the episode fails with this kind and reason.
+
+    Its text (the trajectory's ``reason``) is ``"<kind>: <detail>"``.
+    """
+
+    def __init__(self, kind: FailureKind, detail: str) -> None:
+        super().__init__(f"{kind}: {detail}")
+        self.kind = kind
 
 
 class EpisodeDropped(Exception):
@@ -159,8 +180,9 @@ class EpisodeRunner:
         self.admission = admission
         self.checkpoint = checkpoint
         self.live: dict[str, EpisodeProgress] = {}
-        self.parked: dict[str, _Episode] = {}
-        """Episodes held at the admission gate (paused), by episode id."""
+        self._replay_checks: dict[str, int] = {}
+        self._replay_warned: set[str] = set()
+        self._parked: dict[str, _Episode] = {}
         self._parked_changed = asyncio.Condition()
         # Chat-template rendering and tokenization (a few ms each) run in one worker
         # thread: on the loop, a vLLM batch finishing hundreds of turns at once would
@@ -196,13 +218,35 @@ class EpisodeRunner:
         progress = EpisodeProgress(episode_id, task.env_id, started_version=version)
         return _Episode(task, episode_id, attempt, version, progress)
 
+    @property
+    def parked(self) -> tuple[str, ...]:
+        """The ids of the episodes held at the admission gate (paused), in parking order."""
+        return tuple(self._parked)
+
     def snapshot(self, episode_id: str) -> PartialEpisode:
         """A checkpoint of a parked episode (see :attr:`parked`)."""
-        return self._snapshot(self.parked[episode_id])
+        return self._snapshot(self._parked[episode_id])
+
+    def oldest_version(self, episode_id: str) -> int | None:
+        """The policy version of a parked episode's oldest sampled token (None: none yet)."""
+        conv = self._parked[episode_id].conversation
+        if conv is None:
+            return None
+        versions = [
+            int(v)
+            for seg in conv.segments
+            for v, m in zip(seg.versions, seg.loss_mask, strict=True)
+            if m
+        ]
+        return min(versions) if versions else None
+
+    def prefix_tokens(self, episode_id: str) -> int:
+        """The tokens a parked episode re-submits when it resumes (its whole prefix)."""
+        return len(self._parked[episode_id].conversation or ())
 
     def drop(self, episode_id: str, reason: str) -> int:
         """Discard a parked episode when it is released; return its sampled tokens."""
-        ep = self.parked[episode_id]
+        ep = self._parked[episode_id]
         ep.drop_reason = reason
         return _sampled_tokens(ep)
 
@@ -210,7 +254,7 @@ class EpisodeRunner:
         """Wait until each of these episodes is parked at the gate or has ended."""
         async with self._parked_changed:
             await self._parked_changed.wait_for(
-                lambda: all(e in self.parked or e not in self.live for e in episode_ids)
+                lambda: all(e in self._parked or e not in self.live for e in episode_ids)
             )
 
     async def _notify_parked(self) -> None:
@@ -226,19 +270,55 @@ class EpisodeRunner:
             ep.progress.set_phase(ep.progress.phase)
         self.metrics.count("episodes_resumed" if partial else "episodes_started")
         try:
-            return await self._drive(ep, partial)
+            trajectories = await self._drive(ep, partial)
+            if trajectories[0].status != "failed":
+                await self._check_replayable(ep, trajectories)
+            return trajectories
         finally:
             if ep.progress.trace is not None:
                 ep.progress.trace.end()
             del self.live[ep.episode_id]
-            self.parked.pop(ep.episode_id, None)
+            self._parked.pop(ep.episode_id, None)
             await self._notify_parked()
+
+    async def _check_replayable(self, ep: _Episode, trajectories: list[Trajectory]) -> None:
+        """Replay the first episodes of each env from their seed; record and warn (once per
+        env) when one does not replay: resume-by-replay and ``replay --verify`` would fail
+        on its episodes (an env drawing from the process-wide ``random``, for example)."""
+        env_id = ep.task.env_id
+        done = self._replay_checks.get(env_id, 0)
+        if done >= REPLAY_CHECKS or len(ep.env_log) < 2:
+            return
+        self._replay_checks[env_id] = done + 1
+        make = functools.partial(self.make, env_id, **ep.task.env_kwargs)
+        try:
+            async with asyncio.timeout(self.config.env_timeout_s):
+                env = await asyncio.to_thread(make)
+                result = await asyncio.to_thread(verify_log, env, ep.task, ep.env_log)
+            difference = result.difference
+        except Exception as e:  # a replay that raises does not replay either
+            difference = f"replaying raised {type(e).__name__}: {e}"
+        if difference is None:
+            return
+        self.metrics.count("episodes_not_replayable")
+        for t in trajectories:
+            t.info["not_replayable"] = difference
+        if env_id not in self._replay_warned:
+            self._replay_warned.add(env_id)
+            logger.warning(
+                "episode %s of %s does not replay from its seed (%s); its episodes cannot be "
+                "resumed by replay or checked with `agentrl replay --verify`. The env likely "
+                "draws from process-wide state such as the `random` module: `agentrl "
+                "check-env %s` shows it; draw from self.np_random instead",
+                ep.episode_id, env_id, difference, env_id,
+            )  # fmt: skip
 
     async def _drive(self, ep: _Episode, partial: PartialEpisode | None) -> list[Trajectory]:
         cfg = self.config
         t_start = time.perf_counter() - ep.timings.total_s
         status: EpisodeStatus = "truncated"
         reason = f"turn limit ({cfg.max_turns}) reached"
+        failure: FailureKind | None = None
         try:
             if partial is None:
                 await self._start(ep)
@@ -251,12 +331,12 @@ class EpisodeRunner:
                 ep.progress.turn = conversation.turn
                 if not ep.pending:
                     if len(conversation) >= max_len:
-                        status, reason = "truncated", "context window full"
+                        status, reason = "truncated", _context_full(max_len)
                         break
                     ep.turn_starts.append(self._turn_start(ep))
                 text, finish = await self._sample(ep)
                 if finish == "length" and len(conversation) >= max_len:
-                    status, reason = "truncated", "context window full"
+                    status, reason = "truncated", _context_full(max_len)
                     break
                 parsed = toolset.parse(text)
                 if parsed.has_tool_activity:
@@ -269,13 +349,16 @@ class EpisodeRunner:
                     t0 = time.perf_counter()
                     results = [await toolset.call(c) for c in parsed.calls] + list(parsed.errors)
                     ep.timings.tools_s += time.perf_counter() - t0
+                    for call, result in zip(parsed.calls, results, strict=False):
+                        if result.error not in _TOOL_NEVER_RAN:
+                            ep.env_log.append(self._logged(ep, _log_tool(call, result)))
                     ep.rewards.append(0.0)
                     tool_messages = [
                         {"role": "tool", "name": r.name, "content": r.content} for r in results
                     ]
                     if not await self._render(conversation.add_messages, tool_messages, "tool",
                                               max_len):  # fmt: skip
-                        status, reason = "truncated", "context window full"
+                        status, reason = "truncated", _context_full(max_len)
                         break
                     self._checkpoint(ep, t_start)
                     continue
@@ -285,7 +368,9 @@ class EpisodeRunner:
                 )
                 ep.info = info
                 ep.rewards.append(float(reward))
-                ep.env_log.append(_log_step(text, obs, reward, terminated, truncated))
+                ep.env_log.append(
+                    self._logged(ep, _log_step(text, obs, reward, terminated, truncated))
+                )
                 if terminated or truncated:
                     status = "finished" if terminated else "truncated"
                     reason = str(
@@ -294,11 +379,11 @@ class EpisodeRunner:
                     break
                 if not await self._render(conversation.add_messages, as_messages(obs), "env",
                                           max_len):  # fmt: skip
-                    status, reason = "truncated", "context window full"
+                    status, reason = "truncated", _context_full(max_len)
                     break
                 self._checkpoint(ep, t_start)
         except EnvFailure as e:
-            status, reason = "failed", str(e)
+            status, reason, failure = "failed", str(e), e.kind
         except _ContextFull as e:
             status, reason = "truncated", str(e)
         finally:
@@ -310,13 +395,13 @@ class EpisodeRunner:
         ep.timings.total_s = time.perf_counter() - t_start
         self.metrics.count(f"episodes_{status}")
         conversation = ep.conversation
-        if status == "failed":
-            self.metrics.count(f"failures/{reason.split(':')[0]}")
+        if failure is not None:
+            self.metrics.count(f"failures/{failure}")
         if conversation is None:  # failed before the first render: an empty record
-            return [self._trajectory(ep, None, 0, status, reason)]
+            return [self._trajectory(ep, None, 0, status, reason, failure)]
         self.metrics.count("template_new_segments", conversation.segments_started)
         return [
-            self._trajectory(ep, conversation, i, status, reason)
+            self._trajectory(ep, conversation, i, status, reason, failure)
             for i in range(len(conversation.segments))
         ]
 
@@ -345,7 +430,7 @@ class EpisodeRunner:
         )
         ep.toolset = ToolSet(ep.handle.tools, timeout_s=self.config.tool_timeout_s)
         messages = as_messages(obs)
-        ep.env_log.append({"obs": messages})
+        ep.env_log.append(self._logged(ep, {"obs": messages}))
         if ep.handle.system_prompt and (not messages or messages[0]["role"] != "system"):
             messages = [{"role": "system", "content": ep.handle.system_prompt}, *messages]
         tools = ep.toolset.schemas or None
@@ -360,28 +445,20 @@ class EpisodeRunner:
         obs, ep.info = await self._env_call(
             ep.timings, "reset", _checked_reset, ep.handle, task.seed, task.options, task.env_id
         )
-        steps = len(p.env_log) - 1
+        ep.toolset = ToolSet(ep.handle.tools, timeout_s=self.config.tool_timeout_s)
+        steps = sum("action" in e for e in p.env_log[1:])
         if p.env_state is not None and supports_state(ep.handle.env):
             await self._env_call(ep.timings, "set_state", ep.handle.set_state, p.env_state, steps)
         else:
             expected = p.env_log[0].get("obs") if p.env_log else None
             if expected is not None and as_messages(obs) != expected:
                 raise EnvFailure(
-                    "env_replay: reset(seed) gave a different first observation than the "
+                    FailureKind.ENV_REPLAY,
+                    "reset(seed) gave a different first observation than the "
                     "recorded one; the env is not deterministic from its seed (give it "
-                    "get_state/set_state to make it resumable)"
+                    "get_state/set_state to make it resumable)",
                 )
-            for i, entry in enumerate(p.env_log[1:], start=1):
-                obs, *_rest = await self._env_call(
-                    ep.timings, "replay step", _checked_step, ep.handle, entry["action"]
-                )
-                if as_messages(obs) != entry["obs"]:
-                    raise EnvFailure(
-                        f"env_replay: replaying step {i} gave a different observation than the "
-                        "recorded one; the env is not deterministic from its seed and actions "
-                        "(give it get_state/set_state to make it resumable)"
-                    )
-        ep.toolset = ToolSet(ep.handle.tools, timeout_s=self.config.tool_timeout_s)
+            await self._replay_log(ep, p.env_log)
         ep.conversation = Conversation.restore(self.tokenizer, p)
         if p.tools is None:  # a fork built from a trajectory: the env declares them
             ep.conversation.tools = ep.toolset.schemas or None
@@ -397,6 +474,45 @@ class EpisodeRunner:
             ep.progress.add_tokens(
                 [v for v, m in zip(seg.versions, seg.loss_mask, strict=True) if m]
             )
+
+    async def _replay_log(self, ep: _Episode, log: list[dict[str, Any]]) -> None:
+        """Bring a fresh env to where ``log`` left it: its env steps and tool calls, in order.
+
+        Raises:
+            EnvFailure: a replayed step or tool call gave something else than recorded
+                (the env is not deterministic from its seed and actions).
+        """
+        assert ep.handle is not None and ep.toolset is not None
+        for i, entry in enumerate(log[1:], start=1):
+            if "tool" in entry:
+                result = await ep.toolset.call(ToolCall(entry["tool"], entry["arguments"]))
+                same, what = result.content == entry["result"], f"tool call {entry['tool']}"
+            else:
+                obs, *_rest = await self._env_call(
+                    ep.timings, "replay step", _checked_step, ep.handle, entry["action"]
+                )
+                same, what = as_messages(obs) == entry["obs"], "step"
+            if not same:
+                raise EnvFailure(
+                    FailureKind.ENV_REPLAY,
+                    f"replaying entry {i} ({what}) gave a different result than the recorded "
+                    "one; the env is not deterministic from its seed and actions (give it "
+                    "get_state/set_state to make it resumable)",
+                )
+
+    def _logged(self, ep: _Episode, entry: dict[str, Any]) -> dict[str, Any]:
+        """``entry`` with the env's state after it, when the env has ``get_state``: forks
+        and verification then start from the env exactly as it was, tool effects included."""
+        assert ep.handle is not None
+        try:
+            state = ep.handle.get_state()
+        except Exception as e:  # a get_state that raises: forks replay the log instead
+            self.metrics.count("checkpoint_errors")
+            ep.info = {**ep.info, "checkpoint_error": f"{type(e).__name__}: {e}"}
+            state = None
+        if state is not None:
+            entry["state"] = state
+        return entry
 
     def _turn_start(self, ep: _Episode) -> dict[str, int]:
         conv = ep.conversation
@@ -429,7 +545,7 @@ class EpisodeRunner:
             segments_started=conv.segments_started,
             rewards=list(ep.rewards),
             tool_calls=ep.tool_calls,
-            env_state=handle.get_state(),
+            env_state=_current_state(ep.env_log, handle),
             env_log=[dict(e) for e in ep.env_log],
             turn_starts=[dict(t) for t in ep.turn_starts],
             timings=dataclasses.replace(ep.timings),
@@ -468,12 +584,14 @@ class EpisodeRunner:
                 return await fn(*args)
         except TimeoutError:
             raise EnvFailure(
-                f"env_timeout: {name} took longer than {self.config.env_timeout_s} s"
+                FailureKind.ENV_TIMEOUT, f"{name} took longer than {self.config.env_timeout_s} s"
             ) from None
         except (InfraError, EnvFailure, asyncio.CancelledError):
             raise
         except Exception as e:
-            raise EnvFailure(f"env_exception: {name} raised {type(e).__name__}: {e}") from e
+            raise EnvFailure(
+                FailureKind.ENV_EXCEPTION, f"{name} raised {type(e).__name__}: {e}"
+            ) from e
         finally:
             timings.env_s += time.perf_counter() - t0
 
@@ -483,14 +601,14 @@ class EpisodeRunner:
         progress = ep.progress
         phase = progress.phase
         progress.set_phase("paused")
-        self.parked[ep.episode_id] = ep
+        self._parked[ep.episode_id] = ep
         await self._notify_parked()
         t0 = time.perf_counter()
         try:
             await self.admission.wait()
         finally:
             ep.timings.engine_wait_s += time.perf_counter() - t0
-            self.parked.pop(ep.episode_id, None)
+            self._parked.pop(ep.episode_id, None)
             progress.set_phase(phase)
         if ep.drop_reason is not None:
             raise EpisodeDropped(ep.episode_id, ep.drop_reason, _sampled_tokens(ep))
@@ -516,7 +634,7 @@ class EpisodeRunner:
                 gen = await self.client.generate(
                     conversation.token_ids,
                     sampling(self.config, max_tokens),
-                    f"{ep.episode_id}-{next(_request_ids)}",
+                    RequestId(ep.episode_id, next(_request_ids)).format(),
                 )
             except ContextOverflowError as e:
                 # The engine's window is smaller than the one advertised: end the turn
@@ -545,7 +663,8 @@ class EpisodeRunner:
         conversation.end_assistant_turn(conversation.decode(sampled), finish)
         ep.pending = []
         if overflow is not None:
-            raise _ContextFull(f"context window full (the engine refused it: {overflow})")
+            limit = self.client.max_model_len
+            raise _ContextFull(f"{_context_full(limit)} (the engine refused it: {overflow})")
         return conversation.messages[-1]["content"], finish
 
     def _trajectory(
@@ -555,6 +674,7 @@ class EpisodeRunner:
         index: int,
         status: EpisodeStatus,
         reason: str,
+        failure: FailureKind | None,
     ) -> Trajectory:
         if conversation is None:
             arrays: dict[str, Any] = dict(token_ids=[], logprobs=[], versions=[], loss_mask=[],
@@ -575,6 +695,7 @@ class EpisodeRunner:
             reward=float(sum(ep.rewards)),
             status=status,
             reason=reason,
+            failure=failure,
             segment=index,
             attempt=ep.attempt,
             timings=ep.timings,
@@ -588,6 +709,31 @@ class EpisodeRunner:
 def _sampled_tokens(ep: _Episode) -> int:
     conv = ep.conversation
     return sum(sum(s.loss_mask) for s in conv.segments) if conv is not None else 0
+
+
+def _context_full(max_len: int) -> str:
+    """The truncation reason when the conversation outgrows the context window."""
+    return (f"context window full ({max_len} tokens): raise inference.max_model_len "
+            "(agentrl rollout --max-model-len N)")  # fmt: skip
+
+
+def _current_state(log: list[dict[str, Any]], handle: EnvHandle) -> dict[str, Any] | None:
+    """The env's state now: the snapshot logged with the last entry, else a fresh one."""
+    if log and "state" in log[-1]:
+        return log[-1]["state"]
+    return handle.get_state()
+
+
+REPLAY_CHECKS = 2
+"""Episodes of each env id replayed from their seed after they end (see
+``EpisodeRunner._check_replayable``)."""
+
+_TOOL_NEVER_RAN = ("unknown_tool", "bad_arguments")
+"""Tool errors where the tool function was never called (nothing to replay)."""
+
+
+def _log_tool(call: ToolCall, result: ToolResult) -> dict[str, Any]:
+    return {"tool": call.name, "arguments": dict(call.arguments), "result": result.content}
 
 
 def _log_step(
@@ -624,9 +770,10 @@ def _check_observation(obs: Any, env_id: str, where: str) -> None:
                 break
     if problem:
         raise EnvFailure(
-            f"env_bad_observation: {env_id} {where} returned {problem} ({obs!r:.120}); "
+            FailureKind.ENV_BAD_OBSERVATION,
+            f"{env_id} {where} returned {problem} ({obs!r:.120}); "
             f"expected a str, or a list of {{'role': one of {list(_ROLES)}, 'content': str}} "
-            "messages"
+            "messages",
         )
 
 

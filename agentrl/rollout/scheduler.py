@@ -1,8 +1,10 @@
 """``Scheduler``: many episodes at once, in groups, with staleness-bounded admission.
 
 Each task runs as a group of ``group_size`` episodes with the same env and seed (for
-group-relative advantages); at most ``concurrency`` episodes run at once, all in one
-``asyncio.TaskGroup``. A group is queued only when every episode in it has ended.
+group-relative advantages); at most ``concurrency`` episodes run at once. Each group
+is a task of the run's ``asyncio.TaskGroup`` and runs its episodes in a TaskGroup of
+its own, so an infrastructure error in one episode cancels its siblings and stops the
+run. A group is queued only when every episode in it has ended.
 
 Admission control (off when ``max_staleness`` or ``batch_size`` is None). With ``B``
 trajectories per optimizer step (``batch_size``) and the trainer at version ``v``, a new
@@ -11,10 +13,8 @@ group of ``G`` episodes is admitted only if
     started + G <= (v + max_staleness + 1) * B
 
 where ``started`` counts every episode admitted since the run began (retries are not
-new episodes). The trainer consumes ``B`` trajectories per version, so at most
-``(max_staleness + 1) * B`` episodes are generated-but-untrained or in flight at any
-time, and an episode admitted at version ``v`` is trained by version
-``v + max_staleness`` at the latest (AReaL's and SkyRL's capacity rule).
+new episodes). The rule and why it bounds staleness live in
+:class:`~agentrl.rollout.staleness.Staleness`.
 
 Failures: an episode that fails (env exception, env timeout) is retried with a fresh
 env up to ``max_retries`` times; its failed attempts are kept in ``failed_attempts``
@@ -40,6 +40,7 @@ from agentrl.errors import ConfigError
 from agentrl.metrics import Metrics
 from agentrl.queue import TrajectoryQueue
 from agentrl.rollout.runner import EpisodeDropped, EpisodeRunner
+from agentrl.rollout.staleness import Staleness
 from agentrl.store import StoreWriter
 from agentrl.types import Group, PartialEpisode, Task, Trajectory
 
@@ -83,6 +84,7 @@ class Scheduler:
                 f"({self.config.group_size}), or no group could ever be admitted"
             )
         self.batch_size = batch_size
+        self.staleness = Staleness(self.config.max_staleness)
         self.version = version or (lambda: runner.client.version)
         self.metrics = metrics or runner.metrics
         self.on_group = on_group
@@ -100,10 +102,7 @@ class Scheduler:
 
     def capacity_left(self) -> int | None:
         """Episodes that may still be admitted at the current version (None: unbounded)."""
-        cfg = self.config
-        if cfg.max_staleness is None or self.batch_size is None:
-            return None
-        return (self.version() + cfg.max_staleness + 1) * self.batch_size - self.started
+        return self.staleness.capacity(self.version(), self.batch_size, self.started)
 
     async def notify_version(self) -> None:
         """Call after the trainer publishes a version: admission may open up."""
@@ -149,13 +148,19 @@ class Scheduler:
         attempts: dict[str, int] = {}
         if self.writer is not None and self.resume:
             ended, partials, attempts = await asyncio.to_thread(self._stored, task, size)
-        results = await asyncio.gather(
-            *(
-                self._run_episode(task, i, ended, partials.get(f"{task.task_id}/{i}"), attempts)
+        # A TaskGroup, not gather: an InfraError in one episode cancels its siblings
+        # (gather would leave them running after the error left this group).
+        async with asyncio.TaskGroup() as tg:
+            episodes = [
+                tg.create_task(
+                    self._run_episode(
+                        task, i, ended, partials.get(f"{task.task_id}/{i}"), attempts
+                    ),
+                    name=f"episode-{task.task_id}/{i}",
+                )
                 for i in range(size)
-            )
-        )
-        group = Group(task, size, [t for episode in results for t in episode])
+            ]
+        group = Group(task, size, [t for episode in episodes for t in episode.result()])
         self.groups_done += 1
         self.metrics.count("groups_done")
         if self.writer is not None:
@@ -235,6 +240,17 @@ class Scheduler:
             self.metrics.count("episode_retries")
             failures += 1
             attempt += 1
+
+    def resume_admitted(self, count: int) -> None:
+        """On resume: count ``count`` episodes as admitted before the restart.
+
+        Admission then goes on from where the killed run stood: the trainer restored at
+        version ``v`` had consumed ``v * batch_size`` trajectories, so the staleness
+        bound (:meth:`capacity_left`) counts from there, not from zero.
+        """
+        if count < 0:
+            raise ValueError(f"count of admitted episodes is {count}; it must be >= 0")
+        self.started = count
 
 
 async def _aiter(tasks: Iterable[Task] | AsyncIterable[Task]) -> AsyncIterator[Task]:

@@ -31,6 +31,7 @@ from agentrl.types import (
     Timings,
     TokenSpan,
     Trajectory,
+    failure_of,
 )
 
 SCHEMA_VERSION = 1
@@ -220,6 +221,7 @@ def trajectory_meta(t: Trajectory) -> dict[str, Any]:
         "messages": t.messages,
         "turn_rewards": t.turn_rewards,
         "reason": t.reason,
+        "failure": None if t.failure is None else t.failure.value,
         "timings": t.timings.as_dict(),
         "info": t.info,
         "env_log": t.env_log,
@@ -253,6 +255,7 @@ def trajectory_from_row(row: sqlite3.Row) -> Trajectory:
         reward=row["reward"],
         status=row["status"],
         reason=meta["reason"],
+        failure=failure_of(meta, row["status"]),
         segment=row["segment"],
         attempt=row["attempt"],
         timings=Timings(**meta["timings"]),

@@ -13,6 +13,10 @@ It is written to a temporary folder and renamed into place, then ``latest`` (a t
 file naming the folder) is replaced atomically, so a kill at any moment leaves the
 previous checkpoint intact. Loading restores parameters, optimizer moments, step,
 version and RNG states exactly.
+
+:func:`save_model` writes the final weights once more, as a model folder that
+transformers and vLLM load (a LoRA run: the adapter, with peft's files), replaced
+atomically the same way.
 """
 
 from __future__ import annotations
@@ -158,7 +162,25 @@ def load_checkpoint(trainer: Trainer, folder: Path) -> None:
     kind, keys, *rest = meta["numpy_rng"]
     np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), *rest))
     trainer.step = int(meta["step"])
-    trainer.version = int(meta["version"])
+    trainer.set_version(int(meta["version"]))
+
+
+def save_model(trainer: Trainer, out: Path) -> None:
+    """Write the trainer's weights and tokenizer as a model folder ``out``.
+
+    A LoRA run writes the adapter (peft's files); otherwise the full weights (under
+    FSDP, the ones gathered at the end of the last step). Written to a temporary
+    folder beside ``out`` and renamed into place.
+    """
+    tmp = out.with_name(f".{out.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    if trainer.is_lora:
+        trainer.unwrapped.save_pretrained(tmp)
+    else:
+        trainer.unwrapped.save_pretrained(tmp, state_dict=trainer.full_state_dict())
+    trainer.tokenizer.save_pretrained(tmp)
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)
 
 
 def _plain(value: Any) -> Any:

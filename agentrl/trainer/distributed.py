@@ -4,7 +4,8 @@ Launch one process per device (``accelerate launch``, ``torchrun``); every rank
 builds the same :class:`~agentrl.trainer.trainer.Trainer` with an
 ``accelerate.Accelerator``. Rank 0 runs everything else (vLLM, the episode loop, the
 store, publishing, checkpoints) and, for each optimizer step, broadcasts the groups
-with :func:`broadcast_groups`; the other ranks run :func:`follow`. Each rank trains
+with :func:`broadcast_groups`; the other ranks run :func:`follow_run` (the trainer,
+restored from the run's checkpoint on resume, then :func:`follow`). Each rank trains
 on its share of the rows (``rows[rank::world]``) and the wrapper (DDP, or FSDP2 when
 configured so) reduces the gradients, so one step equals the single-process step on
 the same batch. Under FSDP every forward and backward gathers weights (collectives),
@@ -32,13 +33,71 @@ an invalid python storage").
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from agentrl.trainer.trainer import Trainer
+from agentrl.config import RunConfig
+from agentrl.errors import ConfigError
 from agentrl.types import Group, Task, Trajectory
+
+if TYPE_CHECKING:
+    from agentrl.trainer.trainer import Trainer
+
+# torch and the trainer are imported where used: `agentrl train` asks for
+# launched_rank() before it knows whether it needs them.
+
+
+def launched_rank() -> tuple[int, int]:
+    """(rank, world size) set by ``accelerate launch`` or ``torchrun``; (0, 1) otherwise."""
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def make_accelerator() -> Any:
+    """An ``accelerate.Accelerator`` for this launched process (CPU/gloo without CUDA).
+
+    Its plugins (DDP, FSDP2) come from the ``accelerate launch`` config.
+    """
+    import torch
+    from accelerate import Accelerator
+
+    return Accelerator(cpu=not torch.cuda.is_available())
+
+
+def launched_config(config_path: str | Path | None, overrides: list[str], *,
+                    resume: str | None) -> tuple[RunConfig, Path]:  # fmt: skip
+    """The config and run directory of ``agentrl train`` launched on several processes.
+
+    Every rank must agree on the run directory, so a new run needs ``run.out``; with
+    ``resume`` (a run directory), the config recorded there. Checks nothing else and
+    creates nothing (rank 0 then prepares the run as a single process does).
+
+    Raises:
+        ConfigError: a new run without ``run.out``.
+    """
+    if resume is not None:
+        return RunConfig.load(Path(resume) / "config.toml", overrides), Path(resume)
+    config = RunConfig.load(config_path, overrides)
+    if not config.run.out:
+        raise ConfigError(
+            "a run launched on several processes needs run.out (all ranks must agree "
+            "on the run directory): add --run.out=DIR"
+        )
+    return config, Path(config.run.out)
+
+
+def start_distributed(config: RunConfig) -> Any:
+    """Join the launched processes: the model first, then ``torch.distributed``.
+
+    Builds the tiny model (if the config asks for it) before torch.distributed
+    starts: once it has, transformers writes model files only on rank 0. Returns this
+    process's ``accelerate.Accelerator``.
+    """
+    from agentrl.models import resolve_model
+
+    resolve_model(config.model.path)
+    return make_accelerator()
 
 
 def _encode(groups: Sequence[Group] | None) -> bytes:
@@ -65,6 +124,7 @@ def _decode(raw: bytes) -> list[Group] | None:
 
 def broadcast_groups(groups: Sequence[Group] | None, accelerator: Any) -> list[Group] | None:
     """Rank 0 sends ``groups`` (None: stop); every rank returns what rank 0 sent."""
+    import torch
     import torch.distributed as dist
 
     device = accelerator.device
@@ -87,3 +147,35 @@ def follow(trainer: Trainer) -> int:
         trainer.train_step(groups)
         steps += 1
     return steps
+
+
+def follow_run(config: RunConfig, run_dir: Path, *, resume: bool, accelerator: Any) -> int:
+    """A rank other than 0 of ``agentrl train``: the same trainer, fed by rank 0's
+    broadcasts; no vLLM, no store, no output.
+
+    With ``resume`` it loads the run's latest checkpoint, the one rank 0 loads.
+    Returns the number of optimizer steps taken.
+
+    Raises:
+        ConfigError: resuming a run trained with FSDP2 (its checkpoints are not written).
+    """
+    from agentrl.env import import_env_modules, load_env_plugins
+    from agentrl.models import resolve_model
+    from agentrl.trainer.checkpoint import latest_checkpoint, load_checkpoint
+    from agentrl.trainer.trainer import Trainer
+
+    load_env_plugins()
+    import_env_modules(config.env.imports)
+    trainer = Trainer(resolve_model(config.model.path), config.trainer,
+                      temperature=config.rollout.temperature, seed=config.run.seed,
+                      accelerator=accelerator)  # fmt: skip
+    if resume:
+        folder = latest_checkpoint(run_dir / "checkpoints")
+        if folder is not None:
+            if trainer.sharded:
+                raise ConfigError(
+                    "resuming a run trained with FSDP2 is not supported yet (its optimizer "
+                    "checkpoint is not written); start a new run, or train with DDP"
+                )
+            load_checkpoint(trainer, folder)  # rank 0 loads the same checkpoint
+    return follow(trainer)

@@ -52,7 +52,13 @@ class StepRecord:
 
 
 class TrainLoop:
-    """Wires a trainer, a publisher, a scheduler and a queue (and optionally a store)."""
+    """Wires a trainer, a publisher, a scheduler and a queue (and optionally a store).
+
+    ``group_size``: episodes per group (``rollout.group_size``), so that a step trains
+    ``config.groups_per_step * group_size`` trajectories; :meth:`restore` tells the
+    scheduler how many episodes the restored trainer has consumed. None: it does not
+    (admission then counts from zero).
+    """
 
     def __init__(
         self,
@@ -66,6 +72,7 @@ class TrainLoop:
         checkpoint_dir: Path | None = None,
         on_step: Callable[[StepRecord], Any] | None = None,
         tracer: Tracer | None = None,
+        group_size: int | None = None,
     ) -> None:
         self.trainer = trainer
         self.publisher = publisher
@@ -76,6 +83,7 @@ class TrainLoop:
         self.checkpoint_dir = checkpoint_dir
         self.on_step = on_step
         self.tracer = tracer or Tracer(None)
+        self.group_size = group_size
         self.records: list[StepRecord] = []
         self.busy = {"train_s": 0.0, "publish_s": 0.0}
         # one thread for all trainer math, pinned off vLLM's core once
@@ -88,7 +96,9 @@ class TrainLoop:
 
         Loads the latest trainer checkpoint (if any) and loads its weights into the
         engine as its version; rolls back consumption recorded after it; queues the
-        complete groups not yet trained (in task order) ahead of new ones.
+        complete groups not yet trained (in task order) ahead of new ones; tells the
+        scheduler how many episodes were admitted before (one batch per version), so
+        admission goes on from there.
         """
         step = 0
         folder = latest_checkpoint(self.checkpoint_dir) if self.checkpoint_dir else None
@@ -102,6 +112,9 @@ class TrainLoop:
             # All of them, even more than the queue's bound: nothing is running yet to
             # drain it, so waiting for room here would never end.
             await self.queue.put_restored(await asyncio.to_thread(self.store.untrained_groups))
+        if self.group_size is not None:
+            batch = self.config.groups_per_step * self.group_size
+            self.scheduler.resume_admitted(self.trainer.version * batch)
         return step
 
     async def run(self, tasks: Iterable[Task]) -> list[StepRecord]:

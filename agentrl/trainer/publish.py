@@ -86,7 +86,7 @@ class WeightPublisher:
             update = await self.controller.update_weights(
                 push=lambda: sent.append(self.sender.send()), version=version
             )
-            self.trainer.version = update.version
+            self.trainer.set_version(update.version)
             return PublishStats(update.version, "nccl", sent[0].bytes if sent else 0,
                                 sent[0].seconds if sent else 0.0, update)  # fmt: skip
         t0 = time.perf_counter()
@@ -98,7 +98,7 @@ class WeightPublisher:
             update = await self.controller.update_weights(lora_dir=str(target), version=version)
         else:
             update = await self.controller.update_weights(str(target), version=version)
-        self.trainer.version = update.version
+        self.trainer.set_version(update.version)
         self._published.append(target)
         while len(self._published) > self.keep:
             shutil.rmtree(self._published.pop(0), ignore_errors=True)

@@ -129,12 +129,37 @@ class Trainer:
                 # are constants, so nothing needs syncing but the gradients.
                 self.model.broadcast_buffers = False
         self.step = 0
-        self.version = 0
+        self._version = 0
         self.pad_id = int(self.tokenizer.pad_token_id or 0)
+
+    @property
+    def version(self) -> int:
+        """The policy version of these weights: the one last published (or restored).
+
+        Read-only; :meth:`set_version` is its one writer.
+        """
+        return self._version
+
+    def set_version(self, version: int) -> None:
+        """Record that these weights are policy ``version`` (the engine now serves them
+        under that label, or a checkpoint restored them).
+
+        Raises:
+            ValueError: ``version`` is negative.
+        """
+        if version < 0:
+            raise ValueError(f"a policy version is >= 0, got {version}")
+        self._version = int(version)
 
     @property
     def is_lora(self) -> bool:
         return self.config.lora.enabled
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the weights are sharded across processes (FSDP): publishing and
+        checkpoints then need the full weights gathered (:meth:`full_state_dict`)."""
+        return self._sharded()
 
     def _sharded(self) -> bool:
         if self.accelerator is None:

@@ -84,10 +84,10 @@ async def train(out: Path, settings: Settings, resume: bool) -> dict[str, float]
                                  TrainConfig(settings.steps, settings.groups_per_step,
                                              mode=settings.mode, checkpoint_every=1),  # type: ignore[arg-type]
                                  store=store, checkpoint_dir=out / "checkpoints",
+                                 group_size=settings.group_size,
                                  on_step=show)  # fmt: skip
                 if resume:
                     step = await loop.restore()
-                    scheduler.started = trainer.version * batch  # admission goes on from here
                     print(
                         f"resumed at step {step} (version {trainer.version}); "
                         f"{len(queue)} complete groups to train first",

@@ -323,7 +323,10 @@ async def test_env_faults_end_only_their_episodes(
         assert [t.attempt for t in bad] == [1] * GROUP_SIZE
         retried = run.scheduler.failed_attempts
         assert [(t.seed, t.attempt, t.reason) for t in retried] == [(1, 0, reason)] * GROUP_SIZE
-        assert m["episodes_failed"] == m[f"failures/{reason.split(':')[0]}"] == 2 * GROUP_SIZE
+        kind = bad[0].failure  # the typed kind; the reason spells it for people
+        assert kind is not None and reason.startswith(f"{kind}: ")
+        assert {t.failure for t in [*bad, *retried]} == {kind}
+        assert m["episodes_failed"] == m[f"failures/{kind}"] == 2 * GROUP_SIZE
         assert not any(t.trainable for t in bad)
     else:
         assert m["episode_retries"] == 0

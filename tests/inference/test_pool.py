@@ -184,3 +184,63 @@ async def test_requests_waiting_for_a_server_end_promptly_when_aborted_or_cancel
     label, line = headline(status)[-1]
     assert label == "servers" and line.startswith("0/1 up") and f"{url} DOWN (" in line
     assert plain_line(status).endswith("servers 0/1 up")
+
+
+async def test_a_crashed_health_check_is_raised_to_callers_and_on_close(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A health loop that dies of a non-network error does not end silently."""
+    from agentrl.inference import SamplingConfig
+    from agentrl.inference.server import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"
+    sampling = SamplingConfig(max_tokens=4)
+    bug = RuntimeError("a bug in the health check")
+
+    async def broken(timeout_s: float = 2.0) -> bool:
+        raise bug
+
+    pool = ServerPool([url], InferenceConfig(), health_interval_s=0.1, reconnect_timeout_s=60)
+    monkeypatch.setattr(pool.members[0].client, "healthy", broken)
+    with pytest.raises(EngineError) as on_close:
+        async with pool:
+            await until(lambda: pool._health is not None and pool._health.done(), "the crash", 10)
+            t0 = time.monotonic()
+            with pytest.raises(EngineError) as on_generate:
+                await asyncio.wait_for(pool.generate([1, 2], sampling, "ep-a-0"), 5)
+            with pytest.raises(EngineError) as on_update:
+                await pool.reload_weights("/no/such/weights")
+            assert time.monotonic() - t0 < 1.0  # at once, not after reconnect_timeout_s
+            assert len(pool.requests) == 0
+    for err in (on_generate, on_update, on_close):
+        assert err.value.__cause__ is bug
+        assert "health checks crashed (RuntimeError: a bug in the health check" in str(err.value)
+        assert "agentrl train --resume" in str(err.value)
+    await pool.close()  # safe twice: the error was reported once
+
+
+async def test_a_request_waiting_for_a_server_ends_when_the_health_check_crashes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No server: the waiter would wait for a recovery that will never run."""
+    from agentrl.inference import SamplingConfig
+    from agentrl.inference.server import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"
+    pool = ServerPool([url], InferenceConfig(), health_interval_s=0.1, reconnect_timeout_s=60)
+    crash = asyncio.Event()
+
+    async def recover(member: Any) -> None:
+        await crash.wait()
+        raise RuntimeError("recovery crashed")
+
+    monkeypatch.setattr(pool, "_recover", recover)
+    with pytest.raises(EngineError, match="recovery crashed"):
+        async with pool:
+            waiting = asyncio.create_task(pool.generate([1, 2], SamplingConfig(), "ep-b-0"))
+            await until(lambda: "ep-b-0" in pool.requests.ids() and pool.events, "a waiter", 10)
+            t0 = time.monotonic()
+            crash.set()
+            with pytest.raises(EngineError, match="recovery crashed"):
+                await asyncio.wait_for(waiting, 5)
+            assert time.monotonic() - t0 < 2.0

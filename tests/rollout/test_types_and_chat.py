@@ -9,7 +9,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from agentrl.chat import Conversation
-from agentrl.types import TokenSpan, Trajectory
+from agentrl.types import FailureKind, RequestId, TokenSpan, Trajectory
 
 
 def _trajectory(**overrides: object) -> Trajectory:
@@ -44,10 +44,34 @@ def test_trajectory_invariants_name_what_is_wrong() -> None:
         "does not start where": dict(spans=(TokenSpan("prompt", 0, 1, 0),
                                             TokenSpan("assistant", 2, 3, 0))),
         "status": dict(status="done"),
+        "with failure kind": dict(failure=FailureKind.ENV_TIMEOUT),  # but status finished
     }  # fmt: skip
     for message, bad in cases.items():
         with pytest.raises(ValueError, match=message):
             _trajectory(**bad)
+
+
+def test_a_failure_kind_is_a_field_and_survives_json() -> None:
+    t = _trajectory(status="failed", failure="env_timeout", reason="env_timeout: step ...")
+    assert (
+        t.failure is FailureKind.ENV_TIMEOUT and f"failures/{t.failure}" == "failures/env_timeout"
+    )
+    assert Trajectory.from_json(t.to_json()).failure is FailureKind.ENV_TIMEOUT
+    assert _trajectory().failure is None
+    with pytest.raises(ValueError, match="not a valid FailureKind"):
+        _trajectory(status="failed", failure="env_on_fire")
+
+
+def test_request_ids_are_built_and_parsed_by_one_type() -> None:
+    for episode_id in ("e", "agentrl.GuessNumber-v0#3/1", "a-b-c", "t#0/0-retry"):
+        rid = RequestId(episode_id, 17)
+        assert rid.format() == str(rid) == f"{episode_id}-17"
+        assert RequestId.parse(rid.format()) == rid
+    for bad in ("no-serial-", "plain", "-5", "e-x1", "e-1.0", "e-\u0663"):
+        with pytest.raises(ValueError, match="not a request id"):
+            RequestId.parse(bad.encode().decode("unicode_escape"))
+    with pytest.raises(ValueError, match="negative"):
+        RequestId("e", -1)
 
 
 def _sample(conv: Conversation, tokenizer, text: str, *, cut: bool = False) -> list[int]:

@@ -62,7 +62,7 @@ def test_resume_restores_step_optimizer_version_and_rng_exactly(
     a = Trainer(str(tiny_model), config, temperature=1.0, seed=0)
     for step in range(2):
         a.train_step(synthetic_groups(step))
-    a.version = 2
+    a.set_version(2)
     random.seed(7)
     np.random.seed(7)
     torch.manual_seed(7)

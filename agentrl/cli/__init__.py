@@ -1,0 +1,119 @@
+"""agentrl: train LLM agents that use tools, with asynchronous reinforcement learning.
+
+Episodes run against vLLM while the trainer learns from the finished ones; every
+episode is recorded, so a killed run continues where it stopped and any episode can
+be replayed. Start with:
+
+    agentrl demo                             generate from a tiny model through real vLLM
+    agentrl train CONFIG.toml [--key.sub=V]  the whole job: rollouts, training, evaluation
+    agentrl train --resume RUN_DIR           continue a killed or interrupted run
+    agentrl top RUN_DIR                      live view of a run (from another terminal)
+    agentrl replay RUN_DIR [EPISODE]         list, show, verify, resume or fork episodes
+    agentrl config --defaults                every config key with its default
+
+``agentrl COMMAND --help`` describes each command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+
+from agentrl.cli.misc import (
+    DEMO_QUESTIONS,
+    _build_model,
+    _check_env,
+    _plot,
+    _run_demo,
+    _top,
+)
+from agentrl.cli.parsers import (
+    Subparsers,
+    _audit_parser,
+    _build_model_parser,
+    _check_env_parser,
+    _config_parser,
+    _demo_parser,
+    _plot_parser,
+    _replay_parser,
+    _rollout_parser,
+    _serve_parser,
+    _top_parser,
+    _train_parser,
+)
+from agentrl.cli.replay import _replay
+from agentrl.cli.rollout import _config, _rollout
+from agentrl.cli.train import _audit, _serve, _train
+from agentrl.errors import AgentRLError
+
+__all__ = ["COMMANDS", "DEMO_QUESTIONS", "main", "quiet_vllm"]
+
+logger = logging.getLogger("agentrl")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Command:
+    """One subcommand: how its parser is built and what runs it (returns the exit code)."""
+
+    add_parser: Callable[[Subparsers], None]
+    run: Callable[[argparse.Namespace, list[str]], int]
+    overrides: bool = False
+    """Whether it takes ``--section.key=value`` config overrides besides its flags."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one ``agentrl`` command; return its exit status."""
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    command = COMMANDS[args.command]
+    if extra and not command.overrides:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if not args.verbose:
+        quiet_vllm()
+    try:
+        return command.run(args, extra)
+    except AgentRLError as e:
+        print(f"agentrl: error: {e}", file=sys.stderr)
+        return 1
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="agentrl", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="show vLLM's logs")
+    commands = parser.add_subparsers(dest="command", required=True)
+    for command in COMMANDS.values():
+        command.add_parser(commands)
+    return parser
+
+
+def quiet_vllm() -> None:
+    """Show only vLLM's errors (call before vLLM is imported)."""
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    # vLLM then installs its own handler at that level, also in its engine process
+    # (unconfigured, its warnings would reach stderr through Python's last resort).
+    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "1")
+    logging.getLogger("vllm").setLevel(logging.ERROR)
+
+
+COMMANDS: dict[str, _Command] = {
+    "demo": _Command(_demo_parser, _run_demo),
+    "build-model": _Command(_build_model_parser, _build_model),
+    "check-env": _Command(_check_env_parser, _check_env),
+    "rollout": _Command(_rollout_parser, _rollout, overrides=True),
+    "config": _Command(_config_parser, _config),
+    "train": _Command(_train_parser, _train, overrides=True),
+    "serve": _Command(_serve_parser, _serve, overrides=True),
+    "audit": _Command(_audit_parser, _audit),
+    "top": _Command(_top_parser, _top),
+    "plot": _Command(_plot_parser, _plot),
+    "replay": _Command(_replay_parser, _replay),
+}
+"""Every subcommand, in ``agentrl --help`` order."""

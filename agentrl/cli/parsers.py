@@ -1,0 +1,216 @@
+"""The argument parsers of the ``agentrl`` commands, one function per command.
+
+Also the ``--section.key=value`` config overrides: :func:`_shortcut` makes a flag that
+sets one config key, :func:`_overrides` turns the overrides and those flags into the
+list :meth:`agentrl.config.RunConfig.load` reads. The commands themselves live in the
+sibling modules; :mod:`agentrl.cli` pairs each parser with its command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+if TYPE_CHECKING:
+    Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+else:
+    Subparsers = Any
+
+
+def _demo_parser(commands: Subparsers) -> None:
+    demo = commands.add_parser("demo", help="generate from the tiny model through real vLLM")
+    demo.add_argument("--model", default="tiny", help="'tiny', a model folder, or a hub name")
+    demo.add_argument("--server", action="store_true", help="go through `vllm serve` over HTTP")
+    demo.add_argument("--max-tokens", type=int, default=48)
+
+
+def _build_model_parser(commands: Subparsers) -> None:
+    build = commands.add_parser("build-model", help="build the tiny model and print its folder")
+    build.add_argument("--cache-dir", default=None)
+
+
+def _check_env_parser(commands: Subparsers) -> None:
+    check = commands.add_parser("check-env", help="run Gymnasium's and agentrl's env checks")
+    check.add_argument("env_id", help="a registered id, e.g. agentrl/Calculator-v0")
+    check.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE_OR_FILE",
+        help="import this module or .py file first (where your env registers itself)",
+    )
+
+
+def _rollout_parser(commands: Subparsers) -> None:
+    roll = commands.add_parser(
+        "rollout",
+        help="run an env against a model for N episodes and record them",
+        description="Run N episodes and record them in a run directory (no training). "
+        "Settings come from the same config tree as `agentrl train` ([model], [env], "
+        "[inference], [rollout]): a TOML file with --config, then --section.key=value "
+        "overrides (e.g. --inference.max_model_len=2048), then the shortcut flags below. "
+        "Defaults: `agentrl config --defaults`.",
+    )
+    roll.add_argument("env_id", nargs="?", help="a registered id, e.g. agentrl/GuessNumber-v0")
+    roll.add_argument("--config", default=None, metavar="TOML",
+                      help="a config file; its [model], [env], [inference] and [rollout] "
+                      "apply")  # fmt: skip
+    roll.add_argument("--episodes", type=int, default=64)
+    _shortcut(roll, "--model", "model.path", str, "'tiny', a model folder, or a hub name")
+    _shortcut(roll, "--group-size", "rollout.group_size", int, "episodes per task (same seed)")
+    _shortcut(roll, "--concurrency", "rollout.concurrency", int, "episodes running at once")
+    _shortcut(roll, "--max-turns", "rollout.max_turns", int, "assistant turns per episode")
+    _shortcut(roll, "--max-tokens", "rollout.max_tokens_per_turn", int, "per assistant turn")
+    _shortcut(roll, "--temperature", "rollout.temperature", float, "sampling temperature")
+    _shortcut(roll, "--max-model-len", "inference.max_model_len", int, "context window")
+    _shortcut(roll, "--seed", "env.first_seed", int, "seed of the first task")
+    roll.add_argument("--server", action="store_true",
+                      help="go through `vllm serve` over HTTP "
+                      '(inference.mode = "server")')  # fmt: skip
+    roll.add_argument("--out", default=None, help="run directory (default runs/rollout-TIME)")
+    roll.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the killed or interrupted run in --out with its recorded settings",
+    )
+    roll.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE_OR_FILE",
+        help="import this first (registers your env; recorded as env.imports)",
+    )
+
+
+def _config_parser(commands: Subparsers) -> None:
+    cfg_cmd = commands.add_parser(
+        "config", help="print the config reference: every key, its default and what it does"
+    )
+    cfg_cmd.add_argument("--defaults", action="store_true",
+                         help="print every key with its default, as TOML with "
+                         "comments")  # fmt: skip
+
+
+def _train_parser(commands: Subparsers) -> None:
+    train = commands.add_parser(
+        "train",
+        help="train an agent: agentrl train CONFIG.toml [--section.key=value ...]",
+        description="Run the job a TOML config describes (see agentrl/config.py for every key). "
+        'Overrides: --section.key=value, the value read as TOML (3e-4, true, "text").',
+    )
+    train.add_argument("config", nargs="?", help="the run's TOML config")
+    train.add_argument("--resume", metavar="RUN_DIR", default=None,
+                       help="continue the run in RUN_DIR with its recorded config")  # fmt: skip
+
+
+def _serve_parser(commands: Subparsers) -> None:
+    serve = commands.add_parser(
+        "serve",
+        help="run `vllm serve` with the settings a config's runs need (for inference.servers)",
+        description="Start vLLM's OpenAI server in the foreground with the flags agentrl's "
+        "client needs (weight-update routes, LoRA updates, sampling logprobs), the model and "
+        "engine settings taken from CONFIG's [model] and [inference]. Overrides as for train.",
+    )
+    serve.add_argument("config", nargs="?", help="the run's TOML config (default: defaults)")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to bind (default 127.0.0.1; the weight-update routes "
+                       "are unauthenticated: expose them only on a private network)")  # fmt: skip
+
+
+def _audit_parser(commands: Subparsers) -> None:
+    audit = commands.add_parser(
+        "audit",
+        help="account for every task of a run: finished, failed with a reason, or resumable; "
+        "exit 1 if anything was lost or trained twice",
+    )
+    audit.add_argument("run_dir")
+    audit.add_argument("--json", action="store_true", help="print the audit as JSON")
+
+
+def _top_parser(commands: Subparsers) -> None:
+    top_cmd = commands.add_parser("top", help="live view of a run (from another terminal)")
+    top_cmd.add_argument("run_dir")
+    top_cmd.add_argument("--once", action="store_true", help="print one view and exit")
+
+
+def _plot_parser(commands: Subparsers) -> None:
+    plot = commands.add_parser("plot", help="write the run's PNG plots from metrics.jsonl")
+    plot.add_argument("run_dir")
+
+
+def _replay_parser(commands: Subparsers) -> None:
+    replay = commands.add_parser(
+        "replay",
+        help="list, show, verify, resume, fork or export recorded episodes",
+        description="Without EPISODE: list the run's episodes (filters apply). With EPISODE: "
+        "show its transcript, or --verify / --resume / --fork-at it.",
+    )
+    replay.add_argument("run_dir", help="a run directory (holds episodes.db)")
+    replay.add_argument("episode", nargs="?", help="an episode id from the list")
+    replay.add_argument("--attempt", type=int, default=None, help="default: the latest")
+    replay.add_argument("--state", action="append", default=None,
+                        help="filter: finished, truncated, failed, running, paused, retried, "
+                        "dropped (repeatable)")  # fmt: skip
+    replay.add_argument("--env", default=None, help="filter: env id")
+    replay.add_argument("--min-reward", type=float, default=None)
+    replay.add_argument("--max-reward", type=float, default=None)
+    replay.add_argument("--min-version-span", type=int, default=None,
+                        help="filter: sampled tokens span at least this many versions")  # fmt: skip
+    replay.add_argument("--limit", type=int, default=None)
+    action = replay.add_mutually_exclusive_group()
+    action.add_argument("--verify", action="store_true",
+                        help="replay the env from the seed with the recorded actions")  # fmt: skip
+    action.add_argument("--resume", action="store_true",
+                        help="continue an unfinished episode; stored as a new episode")  # fmt: skip
+    action.add_argument("--fork-at", type=int, default=None, metavar="TURN",
+                        help="branch at assistant turn TURN; show both endings")  # fmt: skip
+    action.add_argument("--export", default=None, metavar="FILE.jsonl",
+                        help="write the episode (or the filtered list) as JSONL")  # fmt: skip
+    replay.add_argument("--model", default=None,
+                        help="for --resume/--fork-at: 'tiny', a model folder or a hub name "
+                        "(default: the policy that sampled the episode: its checkpoint, else "
+                        "the run's final model)")  # fmt: skip
+    replay.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE_OR_FILE",
+        help="import this first (registers your env); the run's recorded env.imports are "
+        "imported too",
+    )
+    replay.add_argument("--temperature", type=float, default=None)
+    replay.add_argument("--max-tokens", type=int, default=None, help="per assistant turn")
+
+
+def _shortcut(parser: argparse.ArgumentParser, flag: str, key: str, kind: type,
+              text: str) -> None:  # fmt: skip
+    """A flag that sets one config key; its default is the config tree's."""
+    from agentrl.config.reference import default_of
+
+    parser.add_argument(flag, type=kind, default=None, dest=f"key:{key}",
+                        help=f"{text} (sets {key}; default {default_of(key)!r})")  # fmt: skip
+
+
+def _checked_overrides(extra: Sequence[str]) -> list[str]:
+    """The ``--section.key=value`` overrides, refusing anything else."""
+    from agentrl.errors import ConfigError
+
+    bad = [o for o in extra if not o.startswith("--") or "=" not in o]
+    if bad:
+        raise ConfigError(
+            f"unrecognized argument {bad[0]!r}; overrides look like --section.key=value"
+        )
+    return list(extra)
+
+
+def _overrides(args: argparse.Namespace, extra: Sequence[str]) -> list[str]:
+    """``--section.key=value`` overrides, then the shortcut flags given."""
+    flags = [f"--{k[4:]}={json.dumps(v)}" for k, v in vars(args).items()
+             if k.startswith("key:") and v is not None]  # fmt: skip
+    return [*_checked_overrides(extra), *flags]

@@ -1,0 +1,88 @@
+"""``agentrl train``, ``agentrl serve`` and ``agentrl audit``: a run's job, its vLLM
+servers, and the check that every task of it is accounted for."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+
+from agentrl.cli.parsers import _checked_overrides
+from agentrl.errors import AgentRLError
+
+
+def _train(args: argparse.Namespace, extra: list[str]) -> int:
+    from agentrl.run import explain_failure, prepare, train
+    from agentrl.status import Reporter
+    from agentrl.trainer.distributed import launched_rank
+
+    overrides = _checked_overrides(extra)
+    rank, world = launched_rank()
+    accelerator = None
+    if world > 1:
+        from agentrl.trainer.distributed import follow_run, launched_config, start_distributed
+
+        config, run_dir = launched_config(args.config, overrides, resume=args.resume)
+        accelerator = start_distributed(config)
+        if rank != 0:  # no vLLM, no store, no output: train on what rank 0 broadcasts
+            follow_run(config, run_dir, resume=args.resume is not None, accelerator=accelerator)
+            return 0
+    reporter = Reporter()
+    cfg, run_dir = prepare(args.config, overrides, resume=args.resume, reporter=reporter)
+    try:
+        result = asyncio.run(train(cfg, run_dir, resume=args.resume is not None,
+                                   accelerator=accelerator, reporter=reporter))  # fmt: skip
+    except KeyboardInterrupt:
+        print(f"interrupted; continue with: agentrl train --resume {run_dir}", file=sys.stderr)
+        return 130
+    except Exception as e:
+        cause = explain_failure(e, run_dir)
+        if cause is e and not isinstance(e, AgentRLError):
+            raise
+        raise cause from e
+    print(
+        f"done: {result.steps} steps in {result.wall_s:.0f} s; run directory {run_dir} "
+        f"(agentrl top {run_dir}, agentrl replay {run_dir}, plots in {run_dir}/plots)"
+    )
+    return 0
+
+
+def _audit(args: argparse.Namespace, extra: list[str]) -> int:
+    from agentrl.store import EpisodeStore
+
+    with EpisodeStore.open(args.run_dir, create=False) as store:
+        integrity = store.integrity_check()
+        report = {"integrity_check": integrity, **store.audit()}
+    report["ok"] = report["ok"] and integrity == "ok"
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        states = ", ".join(f"{n} {s}" for s, n in sorted(report["tasks_by_state"].items()))
+        eps = ", ".join(f"{n} {s}" for s, n in sorted(report["episodes_by_state"].items()))
+        print(f"store: integrity {integrity}; {report['tasks']} tasks ({states})")
+        print(f"episodes: {eps or 'none'}; {report['partials']} paused with a checkpoint")
+        print(f"trained: {report['trained_tasks']} tasks in steps 1..{report['consumed_steps']}; "
+              f"resumable: {report['resumable_tasks']} tasks")  # fmt: skip
+        for key in ("lost", "trained_twice"):
+            print(f"{key.replace('_', ' ')}: {len(report[key])}")
+            for line in report[key][:20]:
+                print(f"  {line}")
+    return 0 if report["ok"] else 1
+
+
+def _serve(args: argparse.Namespace, extra: list[str]) -> int:
+    """Replace this process with `vllm serve` (so its PID is the server's)."""
+    from agentrl.config import RunConfig
+    from agentrl.inference.server import server_command
+    from agentrl.models import resolve_model
+    from agentrl.run import lora_rank
+
+    cfg = RunConfig.load(args.config, extra)
+    command, env = server_command(resolve_model(cfg.model.path), cfg.inference, args.port,
+                                  args.host, seed=cfg.run.seed,
+                                  max_lora_rank=lora_rank(cfg))  # fmt: skip
+    print(f"agentrl serve: {' '.join(command)}", flush=True)
+    os.execve(command[0], command, env)
+    return 0  # not reached
