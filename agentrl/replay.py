@@ -31,9 +31,14 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
+from agentrl.config import RunConfig
 from agentrl.errors import ConfigError
+from agentrl.rollout.verify import VerifyResult, verify_log
 from agentrl.store import EpisodeStore
 from agentrl.types import PartialEpisode, SegmentArrays, Task, Timings, Trajectory
+
+UNFINISHED = ("running", "paused")
+"""Episode states of work not ended: parked at a stop, continued by a later --resume."""
 
 VERSION_STYLES = ("cyan", "magenta", "yellow", "green", "blue", "red")
 
@@ -112,11 +117,24 @@ def list_episodes(store: EpisodeStore, **filters: Any) -> Table:
     for name in ("episode", "try", "env", "state", "reward", "tokens", "sampled",
                  "versions", "reason"):  # fmt: skip
         table.add_column(name, overflow="fold")
+    unfinished = 0
     for r in store.episodes(**filters):
         span = "" if r["v_min"] is None else f"{r['v_min']}..{r['v_max']}"
         reward = "" if r["reward"] is None else f"{r['reward']:g}"
-        table.add_row(r["episode_id"], str(r["attempt"]), r["env_id"], r["state"], reward,
+        state = r["state"]
+        if state in UNFINISHED:
+            unfinished += 1
+            state = f"{state} (unfinished)"
+        table.add_row(r["episode_id"], str(r["attempt"]), r["env_id"], state, reward,
                       str(r["tokens"]), str(r["sampled"]), span, r["reason"][:60])  # fmt: skip
+    if unfinished:
+        run_dir = store.path.parent
+        table.caption = (
+            f"{unfinished} unfinished episode(s): work parked when the run stopped (or still "
+            f"running, if it is). `agentrl train --resume {run_dir}` (or `agentrl rollout "
+            f"--resume --out {run_dir}`) continues them; `agentrl replay {run_dir} EPISODE "
+            f"--resume` continues one here, as a new episode that is never trained."
+        )
     return table
 
 
@@ -177,49 +195,14 @@ def _versioned(pairs: Sequence[tuple[int, int]], tokenizer: Any) -> Text:
     return text
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class VerifyResult:
-    steps: int
-    """Env steps replayed (the reset not counted)."""
-    difference: str | None
-    """The first difference, or None when every observation matched."""
-
-
 def verify(recorded: Recorded, make: Any = None) -> VerifyResult:
-    """Rebuild the env from the seed, replay the recorded actions, compare everything."""
-    from agentrl.chat import as_messages
+    """Rebuild the env from the seed, replay the recorded actions and tool calls in order,
+    and compare every observation, reward, end flag, tool result and state snapshot."""
     from agentrl.env import make_env
 
     task = recorded.task
     env = (make or make_env)(task.env_id, **task.env_kwargs)
-    log = recorded.env_log
-    try:
-        obs, _ = env.reset(seed=task.seed, options=task.options)
-        if log and as_messages(obs) != log[0].get("obs"):
-            return VerifyResult(0, f"reset: recorded {_short(log[0].get('obs'))}, the env now "
-                                   f"says {_short(as_messages(obs))}")  # fmt: skip
-        for i, entry in enumerate(log[1:], start=1):
-            obs, reward, terminated, truncated, _ = env.step(entry["action"])
-            now = {"obs": as_messages(obs), "reward": float(reward),
-                   "terminated": bool(terminated), "truncated": bool(truncated)}  # fmt: skip
-            for key, value in now.items():
-                recorded_value = entry.get(key)
-                if key == "reward" and recorded_value is not None:
-                    same = math.isclose(float(recorded_value), value, abs_tol=1e-9)
-                else:
-                    same = recorded_value == value
-                if not same:
-                    return VerifyResult(i, f"step {i} (action {_short(entry['action'])}): "
-                                           f"recorded {key} {_short(recorded_value)}, the env "
-                                           f"now gives {_short(value)}")  # fmt: skip
-        return VerifyResult(len(log) - 1, None)
-    finally:
-        env.close()
-
-
-def _short(value: Any, limit: int = 80) -> str:
-    text = json.dumps(value) if not isinstance(value, str) else repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return verify_log(env, task, recorded.env_log)
 
 
 def fork_point(recorded: Recorded, turn: int) -> PartialEpisode:
@@ -231,6 +214,7 @@ def fork_point(recorded: Recorded, turn: int) -> PartialEpisode:
             f"0..{len(starts) - 1}"
         )
     point = starts[turn]
+    log = [dict(e) for e in recorded.env_log[: point["env_steps"] + 1]]
     segments = recorded.segments()
     kept = list(segments[: point["segment"]])
     last = segments[point["segment"]]
@@ -253,12 +237,150 @@ def fork_point(recorded: Recorded, turn: int) -> PartialEpisode:
         segments_started=point["segment"],
         rewards=list(recorded.turn_rewards[: point["rewards"]]),
         tool_calls=point["tool_calls"],
-        env_state=None,  # replay the actions from the seed
-        env_log=[dict(e) for e in recorded.env_log[: point["env_steps"] + 1]],
+        env_state=log[-1].get("state"),  # None: the runner replays the log from the seed
+        env_log=log,
         turn_starts=[dict(t) for t in starts[:turn]],
         timings=Timings(),
         info={},
     )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RecordedRun:
+    """What a run directory recorded about itself: its config and kind (train, rollout)."""
+
+    run_dir: Path
+    config: RunConfig
+    kind: str
+
+    def tokenizer(self, model: str | None = None) -> Any:
+        """The run's tokenizer (no weights loaded): ``model``'s, else the final model's
+        (a train run saves it with the tokenizer), else the configured model's."""
+        from transformers import AutoTokenizer
+
+        from agentrl.models import resolve_model
+
+        final = self.run_dir / "model"
+        if model is None and (final / "tokenizer_config.json").exists():
+            return AutoTokenizer.from_pretrained(final)
+        return AutoTokenizer.from_pretrained(resolve_model(model or self.config.model.path))
+
+    def policy(self, recorded: Recorded, model: str | None = None) -> Policy:
+        """``model`` when given, else the policy that sampled ``recorded``."""
+        if model is not None:
+            return Policy(model, None, f"{model} (--model)")
+        return recorded_policy(self.run_dir, self.config, self.kind, sampling_version(recorded))
+
+    def with_sampling(self, *, temperature: float | None, max_tokens: int | None) -> RunConfig:
+        """The run's config with ``--temperature`` / ``--max-tokens`` applied."""
+        changes: dict[str, Any] = {}
+        if temperature is not None:
+            changes["temperature"] = temperature
+        if max_tokens is not None:
+            changes["max_tokens_per_turn"] = max_tokens
+        rollout = dataclasses.replace(self.config.rollout, **changes)
+        return dataclasses.replace(self.config, rollout=rollout)
+
+
+def recorded_run(store: EpisodeStore, *, imports: Sequence[str] = ()) -> RecordedRun:
+    """The run's recorded config and kind, with its env modules imported (the run's
+    ``env.imports`` and ``imports``, e.g. ``--import``), so its env ids resolve.
+
+    Raises:
+        ConfigError: a module or file could not be imported.
+    """
+    from agentrl.env import import_env_modules, load_env_plugins
+    from agentrl.rollout.job import recorded_config
+
+    runs = store.runs()
+    kind = runs[0]["kind"] if runs else "rollout"
+    try:
+        config, _ = recorded_config(store)
+    except ConfigError:  # a store from an older agentrl: defaults, and its model if named
+        model = runs[0]["config"].get("model") if runs else None
+        config = RunConfig() if not isinstance(model, str) else RunConfig.from_dict(
+            {"model": {"path": model}}
+        )
+    load_env_plugins()
+    import_env_modules(imports, key="--import")
+    import_env_modules([i for i in config.env.imports if i not in imports])
+    return RecordedRun(store.path.parent, config, kind)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Policy:
+    """What samples a resumed or forked episode."""
+
+    model: str
+    """A model spec or folder vLLM loads."""
+    adapter: str | None
+    """A peft adapter folder served on top of ``model`` (LoRA runs), else None."""
+    label: str
+    """Where it came from, said in the output."""
+    cleanup: str | None = None
+    """A temporary folder to remove when done."""
+
+
+def sampling_version(recorded: Recorded) -> int:
+    """The newest policy version that sampled a token of the episode (-1: none)."""
+    newest = -1
+    for seg in recorded.segments():
+        sampled = seg.versions[seg.versions >= 0]
+        if sampled.size:
+            newest = max(newest, int(sampled.max()))
+    return newest
+
+
+def recorded_policy(run_dir: Path, config: RunConfig, kind: str, version: int) -> Policy:
+    """The policy that sampled an episode of this run, as near as the run dir keeps it.
+
+    A rollout run: its model. A train run: the checkpoint of ``version`` when one was
+    kept, else the final model, else (nothing saved yet) the base model.
+    """
+    base = config.model.path
+    if kind != "train" or version < 0:
+        return Policy(base, None, f"the run's model ({base})")
+    folder = _checkpoint_of(run_dir / "checkpoints", version)
+    if folder is not None:
+        label = (f"checkpoint {folder.name} (version {version}, the policy that sampled this "
+                 f"episode)")  # fmt: skip
+        if (folder / "adapter_config.json").exists():
+            return Policy(base, str(folder), label)
+        return _assembled(folder, base, label)
+    final = run_dir / "model"
+    if final.is_dir():
+        label = (f"the run's final model ({final}); no checkpoint of version {version}, which "
+                 f"sampled this episode, was kept")  # fmt: skip
+        if (final / "adapter_config.json").exists():
+            return Policy(base, str(final), label)
+        return Policy(str(final), None, label)
+    return Policy(base, None, f"the run's base model ({base}); the run saved no weights yet")
+
+
+def _checkpoint_of(root: Path, version: int) -> Path | None:
+    for meta in sorted(root.glob("step-*/trainer.json")):
+        try:
+            if int(json.loads(meta.read_text())["version"]) == version:
+                return meta.parent
+        except (OSError, ValueError, KeyError):
+            continue
+    return None
+
+
+def _assembled(checkpoint: Path, base: str, label: str) -> Policy:
+    """A model folder vLLM loads: the base model's config and tokenizer, the weights of
+    ``checkpoint`` (linked, not copied)."""
+    import tempfile
+
+    from agentrl.models import resolve_model
+
+    source = Path(resolve_model(base))
+    folder = Path(tempfile.mkdtemp(prefix="agentrl-replay-model-"))
+    for item in source.iterdir():
+        if item.is_file() and not item.name.endswith((".safetensors", ".bin", ".index.json")):
+            (folder / item.name).symlink_to(item.resolve())
+    (folder / "model.safetensors").symlink_to((checkpoint / "model.safetensors").resolve())
+    return Policy(str(folder), None, label, cleanup=str(folder))
 
 
 async def continue_episode(
@@ -266,27 +388,49 @@ async def continue_episode(
     partial: PartialEpisode,
     new_id: str,
     *,
-    model: str,
-    temperature: float,
-    max_tokens: int,
-    max_turns: int,
+    policy: Policy,
+    config: RunConfig,
 ) -> Recorded:
-    """Run ``partial`` to its end under ``model``; store it as episode ``new_id``."""
+    """Run ``partial`` to its end under ``policy`` with the run's ``[inference]`` and
+    ``[rollout]`` settings; store it as episode ``new_id``."""
+    import shutil
+
     from transformers import AutoTokenizer
 
-    from agentrl.inference import InferenceConfig, VLLMEngineClient
+    from agentrl.inference import VLLMEngineClient
     from agentrl.models import resolve_model
-    from agentrl.rollout import EpisodeRunner, RolloutConfig
+    from agentrl.rollout import EpisodeRunner
 
-    path = resolve_model(model)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    start = dataclasses.replace(partial, episode_id=new_id, attempt=0)
-    config = RolloutConfig(max_turns=max_turns, max_tokens_per_turn=max_tokens,
-                           temperature=temperature)  # fmt: skip
-    async with await VLLMEngineClient.start(InferenceConfig(model=path)) as client:
-        trajectories = await EpisodeRunner(client, tokenizer, config).resume(start)
+    try:
+        path = resolve_model(policy.model)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        start = dataclasses.replace(partial, episode_id=new_id, attempt=0)
+        rank = max(16, config.trainer.lora.r) if policy.adapter else None
+        async with await VLLMEngineClient.start(path, config.inference, seed=config.run.seed,
+                                                max_lora_rank=rank) as client:  # fmt: skip
+            if policy.adapter:
+                await client.load_lora_adapter(policy.adapter)
+            trajectories = await EpisodeRunner(client, tokenizer, config.rollout).resume(start)
+    finally:
+        if policy.cleanup:
+            shutil.rmtree(policy.cleanup, ignore_errors=True)
     store.save_episode(trajectories, origin="replay")
     return Recorded(new_id, 0, trajectories[0].status, trajectories, None)
+
+
+def restore_note(point: PartialEpisode) -> str:
+    """How a fork's env is brought to the fork point, and when that is not exact."""
+    steps = sum("action" in e for e in point.env_log[1:])
+    calls = sum("tool" in e for e in point.env_log[1:])
+    if point.env_state is not None:
+        return (f"env restored from its state snapshot after {steps} steps and {calls} tool "
+                "calls (exact)")  # fmt: skip
+    note = (f"env rebuilt by replaying {steps} steps and {calls} tool calls from seed "
+            f"{point.task.seed}")  # fmt: skip
+    if calls:
+        note += ("; exact only if the env and its tools are deterministic and the tools "
+                 "have no effects outside the env (it has no get_state/set_state)")  # fmt: skip
+    return note
 
 
 def new_episode_id(store: EpisodeStore, base: str) -> str:

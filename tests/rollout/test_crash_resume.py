@@ -146,7 +146,7 @@ def test_replay_of_a_partial_episode_from_a_killed_run(killed_run: KilledRun) ->
 
     verified = replay(run, episode, "--verify", env=env)
     assert verified.returncode == 0, verified.stdout + verified.stderr
-    assert f"{len(partial.env_log) - 1} steps replayed" in verified.stdout
+    assert f"{len(partial.env_log) - 1} steps and 0 tool calls replayed" in verified.stdout
 
     exported = Path(run) / "one.jsonl"
     out = replay(run, episode, "--export", str(exported), env=env)

@@ -1,0 +1,133 @@
+"""`agentrl replay` on every kind of run directory, for shipped and user envs.
+
+{rollout run, train run} x {a shipped env, an env registered only by a user module
+passed with --import / env.imports} x {show, --verify, --fork-at, --resume, --export},
+through the real CLI and real vLLM. Each run is SIGKILLed part-way (a named fault
+point) so that it holds unfinished episodes to --resume, as a crashed run does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentrl.store import EpisodeStore
+from tests.faults.harness import AGENTRL, Proc
+
+LEDGER = str(Path(__file__).with_name("ledger_env.py"))
+ENVS = {"shipped": "agentrl/GuessNumber-v0", "user": "user/Ledger-v0"}
+
+TRAIN = """
+[run]
+name = "matrix"
+[env]
+id = "{env_id}"
+imports = {imports}
+[rollout]
+group_size = 2
+concurrency = 8
+max_turns = 4
+max_tokens_per_turn = 16
+[trainer]
+lr = 1e-3
+[train]
+steps = 3
+groups_per_step = 1
+checkpoint_every = 1
+[log]
+progress = "plain"
+plots = false
+tensorboard = false
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    kind: str
+    env: str
+    out: Path
+    environ: dict[str, str]
+
+
+@pytest.fixture(scope="module", params=[(k, e) for k in ("rollout", "train") for e in ENVS],
+                ids=lambda p: f"{p[0]}-{p[1]}")  # fmt: skip
+def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+        model_cache: Path) -> Run:  # fmt: skip
+    kind, env = request.param
+    tmp = tmp_path_factory.mktemp(f"{kind}-{env}")
+    out = tmp / "run"
+    environ = {**os.environ, "AGENTRL_CACHE": str(model_cache),
+               "AGENTRL_FAULTS": "generation@40" if kind == "rollout" else "optimizer_step@3"}
+    imports = [LEDGER] if env == "user" else []
+    if kind == "rollout":
+        args = [AGENTRL, "rollout", ENVS[env], "--episodes", "16", "--group-size", "2",
+                "--concurrency", "8", "--max-turns", "4", "--max-tokens", "16",
+                "--out", str(out), *(a for i in imports for a in ("--import", i))]  # fmt: skip
+    else:
+        config = tmp / "train.toml"
+        config.write_text(TRAIN.format(env_id=ENVS[env], imports=json.dumps(imports)))
+        args = [AGENTRL, "train", str(config), f'--run.out="{out}"']
+    proc = Proc(args, tmp / "log.txt", env=environ)
+    rc = proc.wait(600)
+    log = (tmp / "log.txt").read_text()
+    assert rc == -9, f"expected the fault point's SIGKILL, got {rc}: {log[-2000:]}"
+    del environ["AGENTRL_FAULTS"]
+    return Run(kind, env, out, environ)
+
+
+def replay(run: Run, *args: str) -> subprocess.CompletedProcess[str]:
+    # A user env is found through the run's recorded env.imports (train) or --import.
+    extra = ["--import", LEDGER] if run.env == "user" and run.kind == "rollout" else []
+    return subprocess.run([sys.executable, "-m", "agentrl.cli", "replay", str(run.out), *args,
+                           *extra], capture_output=True, text=True, timeout=600,
+                          env=run.environ)  # fmt: skip
+
+
+def episodes(run: Run) -> tuple[str, str]:
+    """(an ended episode with at least two assistant turns, an unfinished one)."""
+    with EpisodeStore.open(run.out, create=False) as store:
+        ended = [t for t in store.all_trajectories() if len(t.turn_starts) >= 2]
+        partials = store.partials()
+    assert ended and partials, (len(ended), len(partials))
+    return ended[0].episode_id, max(partials, key=lambda p: p.turn).episode_id
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(1800)
+def test_show_verify_fork_resume_export(run: Run, tmp_path: Path) -> None:
+    ended, unfinished = episodes(run)
+
+    listed = replay(run)
+    assert listed.returncode == 0, listed.stderr
+    assert "(unfinished)" in listed.stdout and "--resume" in listed.stdout  # said, not hidden
+
+    shown = replay(run, ended)
+    assert shown.returncode == 0, shown.stderr
+    assert "[turn 1] assistant" in shown.stdout and "⟨v" in shown.stdout
+
+    for episode in (ended, unfinished):
+        verified = replay(run, episode, "--verify")
+        assert verified.returncode == 0, verified.stdout + verified.stderr
+        assert "matches" in verified.stdout
+
+    forked = replay(run, ended, "--fork-at", "1", "--temperature", "0")
+    assert forked.returncode == 0, forked.stderr[-3000:]
+    assert "policy: " in forked.stdout and "stored as" in forked.stdout
+    if run.kind == "train":  # the policy that sampled it: a kept checkpoint or the base
+        assert "checkpoint step-" in forked.stdout or "base model" in forked.stdout
+
+    resumed = replay(run, unfinished, "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "stored as" in resumed.stdout
+
+    out = tmp_path / "one.jsonl"
+    exported = replay(run, ended, "--export", str(out))
+    assert exported.returncode == 0, exported.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert rows and rows[0]["episode_id"] == ended and rows[0]["env_log"]
