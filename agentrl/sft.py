@@ -101,6 +101,113 @@ class SFTSettings:
             raise ConfigError(f"sft.lr must be positive, got {self.lr}")
 
 
+def _staging_folder(out: Path) -> Path:
+    """The scratch folder next to ``out`` that a warm start builds in, emptied.
+
+    Raises:
+        ConfigError: ``out`` already holds a model.
+    """
+    if (out / "config.json").is_file():
+        raise ConfigError(f"{out} already holds a model; remove it or choose another folder")
+    staging = out.with_name(f".{out.name}.partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    return staging
+
+
+def _progress_callback(stage: int, total: int, say: Callable[[str], None]) -> Any:
+    """A ``TrainerCallback`` that reports loss, speed and ETA through ``say`` on each log."""
+    from transformers import TrainerCallback
+
+    class Progress(TrainerCallback):
+        def __init__(self, stage: int, total: int) -> None:
+            self.stage, self.total, self.started = stage, total, time.perf_counter()
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "loss" in logs:
+                rate = state.global_step / max(time.perf_counter() - self.started, 1e-9)
+                eta = (self.total - state.global_step) / max(rate, 1e-9)
+                say(f"sft stage {self.stage}: step {state.global_step}/{self.total}  "
+                    f"loss {logs['loss']:.4f}  {rate:.1f} steps/s  eta {eta:.0f} s")  # fmt: skip
+
+    return Progress(stage, total)
+
+
+def _sft_config(settings: SFTSettings, output_dir: Path, *, use_cpu: bool) -> Any:
+    """TRL's ``SFTConfig`` for one stage: no checkpoints, no reports, ten log lines."""
+    from trl import SFTConfig
+
+    return SFTConfig(
+        output_dir=str(output_dir),
+        max_steps=settings.steps,
+        per_device_train_batch_size=settings.batch_size,
+        learning_rate=settings.lr,
+        lr_scheduler_type=settings.scheduler,
+        warmup_steps=math.ceil(settings.warmup_ratio * settings.steps),
+        weight_decay=settings.weight_decay,
+        seed=settings.seed,
+        logging_steps=max(1, settings.steps // 10),
+        save_strategy="no",
+        report_to=[],
+        use_cpu=use_cpu,
+        bf16=False,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+        max_length=None,
+    )
+
+
+def _train_stage(
+    model: Any,
+    tokenizer: Any,
+    number: int,
+    settings: SFTSettings,
+    examples: Iterable[dict[str, list[int]]],
+    staging: Path,
+    say: Callable[[str], None],
+) -> Any:
+    """Run stage ``number`` (one ``SFTTrainer`` run) on ``model``; return the trained model."""
+    import torch
+    from datasets import Dataset
+    from transformers.trainer_callback import PrinterCallback
+    from trl import SFTTrainer
+
+    rows = list(examples)
+    if not rows:
+        raise ConfigError(f"sft stage {number} has no examples")
+    if settings.threads:
+        torch.set_num_threads(settings.threads)
+    config = _sft_config(
+        settings, staging / f"stage{number}", use_cpu=not torch.cuda.is_available()
+    )
+    trainer = SFTTrainer(
+        model=model,
+        args=config,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tokenizer,
+        callbacks=[_progress_callback(number, settings.steps, say)],
+    )
+    trainer.remove_callback(PrinterCallback)  # Progress prints one line per log
+    trainer.train()
+    return trainer.model
+
+
+def _publish(model: Any, tokenizer: Any, model_path: str | Path, staging: Path, out: Path) -> None:
+    """Save ``model`` and ``tokenizer`` under ``staging`` and move the folder to ``out``.
+
+    Files of ``model_path`` that saving does not write (``generation_config.json``) are
+    copied along; the final rename makes ``out`` appear complete or not at all.
+    """
+    model.save_pretrained(staging / "model")
+    tokenizer.save_pretrained(staging / "model")
+    for name in ("generation_config.json",):
+        source = Path(model_path) / name
+        if source.is_file() and not (staging / "model" / name).exists():
+            shutil.copy(source, staging / "model" / name)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(staging / "model", out)
+
+
 def warm_start(
     model_path: str | Path,
     stages: Sequence[tuple[SFTSettings, Iterable[dict[str, list[int]]]]],
@@ -116,79 +223,22 @@ def warm_start(
     """
     import datasets
     import torch
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from transformers.trainer_callback import PrinterCallback
-    from trl import SFTConfig, SFTTrainer
+    import trl  # noqa: F401  (fail on a missing TRL before loading the model)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     datasets.disable_progress_bars()
 
     out = Path(out_dir)
-    if (out / "config.json").is_file():
-        raise ConfigError(f"{out} already holds a model; remove it or choose another folder")
-    staging = out.with_name(f".{out.name}.partial")
-    shutil.rmtree(staging, ignore_errors=True)
+    staging = _staging_folder(out)
     tokenizer = AutoTokenizer.from_pretrained(str(model_path))
     model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32)
     say = on_log or (lambda line: logger.info("%s", line))
     threads = torch.get_num_threads()
-
-    class Progress(TrainerCallback):
-        def __init__(self, stage: int, total: int) -> None:
-            self.stage, self.total, self.started = stage, total, time.perf_counter()
-
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            if logs and "loss" in logs:
-                rate = state.global_step / max(time.perf_counter() - self.started, 1e-9)
-                eta = (self.total - state.global_step) / max(rate, 1e-9)
-                say(f"sft stage {self.stage}: step {state.global_step}/{self.total}  "
-                    f"loss {logs['loss']:.4f}  {rate:.1f} steps/s  eta {eta:.0f} s")  # fmt: skip
-
     try:
         for number, (settings, examples) in enumerate(stages, 1):
-            rows = list(examples)
-            if not rows:
-                raise ConfigError(f"sft stage {number} has no examples")
-            if settings.threads:
-                torch.set_num_threads(settings.threads)
-            config = SFTConfig(
-                output_dir=str(staging / f"stage{number}"),
-                max_steps=settings.steps,
-                per_device_train_batch_size=settings.batch_size,
-                learning_rate=settings.lr,
-                lr_scheduler_type=settings.scheduler,
-                warmup_steps=math.ceil(settings.warmup_ratio * settings.steps),
-                weight_decay=settings.weight_decay,
-                seed=settings.seed,
-                logging_steps=max(1, settings.steps // 10),
-                save_strategy="no",
-                report_to=[],
-                use_cpu=not torch.cuda.is_available(),
-                bf16=False,
-                dataloader_num_workers=0,
-                disable_tqdm=True,
-                max_length=None,
-            )
-            trainer = SFTTrainer(
-                model=model,
-                args=config,
-                train_dataset=Dataset.from_list(rows),
-                processing_class=tokenizer,
-                callbacks=[Progress(number, settings.steps)],
-            )
-            trainer.remove_callback(PrinterCallback)  # Progress prints one line per log
-            trainer.train()
-            model = trainer.model
+            model = _train_stage(model, tokenizer, number, settings, examples, staging, say)
         torch.set_num_threads(threads)
-        model.save_pretrained(staging / "model")
-        tokenizer.save_pretrained(staging / "model")
-        for name in ("generation_config.json",):
-            source = Path(model_path) / name
-            if source.is_file() and not (staging / "model" / name).exists():
-                shutil.copy(source, staging / "model" / name)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(out, ignore_errors=True)
-        os.replace(staging / "model", out)
+        _publish(model, tokenizer, model_path, staging, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return out

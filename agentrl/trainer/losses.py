@@ -71,6 +71,104 @@ def importance_weights(
     return ratio.masked_fill((ratio < lo) | (ratio > hi), 0.0)
 
 
+def _ratio(
+    logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor, config: LossConfig
+) -> torch.Tensor:
+    """The importance ratio ``coef_1`` of the current policy over the proximal one.
+
+    Per token, ``exp(logprobs - old_logprobs)``, shape ``(B, T)``; with
+    ``ratio_level = "sequence"`` (GSPO), the exponential of the masked mean of the token
+    log-ratios, shape ``(B, 1)``.
+    """
+    log_ratio = logprobs - old_logprobs
+    if config.ratio_level == "sequence":
+        log_w = (log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+        log_w = log_w.unsqueeze(-1)
+    else:
+        log_w = log_ratio
+    return torch.exp(log_w)
+
+
+def _per_token_kl(
+    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, coef_1: torch.Tensor, config: LossConfig
+) -> torch.Tensor:
+    """The k3 estimate of KL to the reference, ``exp(ref - cur) - (ref - cur) - 1``.
+
+    With ``kl_bias_correction``, multiplied by the ratio ``coef_1``.
+    """
+    per_token_kl = torch.exp(ref_logprobs - logprobs) - (ref_logprobs - logprobs) - 1
+    if config.kl_bias_correction:
+        per_token_kl = per_token_kl * coef_1
+    return per_token_kl
+
+
+def _surrogate(
+    logprobs: torch.Tensor, coef_1: torch.Tensor, advantages: torch.Tensor, config: LossConfig
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The per-token policy loss, which tokens were clipped, and the ratio to report.
+
+    ``cispo``: ``-clamp(coef_1, max=epsilon_high).detach() * A * logprobs``, clipped
+    where ``coef_1 > epsilon_high`` and ``A > 0``. Otherwise the PPO objective
+    ``-min(coef_1 * A, clamp(coef_1, 1 - epsilon_low, 1 + epsilon_high) * A)``, with
+    ``coef_1`` first capped at ``delta`` when given (two-sided clipping); the returned
+    ratio is that capped ``coef_1``.
+    """
+    if config.kind == "cispo":
+        clamped = torch.clamp(coef_1, max=config.epsilon_high).detach()
+        per_token_loss = -clamped * advantages * logprobs
+        clipped = (coef_1 > config.epsilon_high) & (advantages > 0)
+        return per_token_loss, clipped, coef_1
+    coef_2 = torch.clamp(coef_1, 1 - config.epsilon_low, 1 + config.epsilon_high)
+    if config.delta is not None:
+        coef_1 = torch.clamp(coef_1, max=config.delta)
+    per_token_loss = -torch.min(coef_1 * advantages, coef_2 * advantages)
+    clipped = ((coef_1 < 1 - config.epsilon_low) & (advantages < 0)) | (
+        (coef_1 > 1 + config.epsilon_high) & (advantages > 0)
+    )
+    return per_token_loss, clipped, coef_1
+
+
+def _aggregate(
+    per_token_loss: torch.Tensor,
+    mask: torch.Tensor,
+    config: LossConfig,
+    num_items: float | torch.Tensor | None,
+    num_sequences: int | None,
+    accumulation_steps: int,
+) -> torch.Tensor:
+    """Reduce the per-token loss to a scalar, normalised as ``config.kind`` says.
+
+    ``grpo``: masked mean per sequence, then summed over ``num_sequences`` (or averaged
+    and divided by ``accumulation_steps``); ``bnpo``: masked sum over ``num_items`` (or
+    masked token mean divided by ``accumulation_steps``); ``dr_grpo``: masked sum over
+    ``rows * max_completion_length``; ``dapo``, ``cispo``: masked sum over the tokens of
+    the whole window.
+    """
+    if config.kind == "grpo":
+        per_sequence = (per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+        if num_sequences is not None:
+            return per_sequence.sum() / max(num_sequences, 1)
+        return per_sequence.mean() / accumulation_steps
+    if config.kind == "bnpo":
+        if num_sequences is not None:
+            return (per_token_loss * mask).sum() / torch.as_tensor(num_items).clamp(min=1.0)
+        return (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0) / accumulation_steps
+    if config.kind == "dr_grpo":
+        rows = num_sequences if num_sequences is not None else per_token_loss.size(0)
+        loss = (per_token_loss * mask).sum() / (rows * config.max_completion_length)
+        if num_sequences is None:
+            loss = loss / accumulation_steps
+        return loss
+    # dapo, cispo: normalised by the tokens of the whole window
+    total = mask.sum() * accumulation_steps if num_items is None else num_items
+    return (per_token_loss * mask).sum() / torch.as_tensor(total).clamp(min=1.0)
+
+
+def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of ``values`` over the tokens ``mask`` covers, detached."""
+    return ((values * mask).sum() / mask.sum().clamp(min=1.0)).detach()
+
+
 def policy_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -109,60 +207,24 @@ def policy_loss(
     mask = mask.to(logprobs.dtype)
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(1)
-    log_ratio = logprobs - old_logprobs
-    if config.ratio_level == "sequence":
-        log_w = (log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
-        log_w = log_w.unsqueeze(-1)
-    else:
-        log_w = log_ratio
-    coef_1 = torch.exp(log_w)
+    coef_1 = _ratio(logprobs, old_logprobs, mask, config)
     stats: dict[str, torch.Tensor] = {}
+    per_token_kl = None
     if config.beta != 0.0:
         if ref_logprobs is None:
             raise ValueError("beta > 0 needs ref_logprobs")
-        per_token_kl = torch.exp(ref_logprobs - logprobs) - (ref_logprobs - logprobs) - 1
-        if config.kl_bias_correction:
-            per_token_kl = per_token_kl * coef_1
-    if config.kind == "cispo":
-        clamped = torch.clamp(coef_1, max=config.epsilon_high).detach()
-        per_token_loss = -clamped * advantages * logprobs
-        clipped = (coef_1 > config.epsilon_high) & (advantages > 0)
-    else:
-        coef_2 = torch.clamp(coef_1, 1 - config.epsilon_low, 1 + config.epsilon_high)
-        if config.delta is not None:
-            coef_1 = torch.clamp(coef_1, max=config.delta)
-        per_token_loss = -torch.min(coef_1 * advantages, coef_2 * advantages)
-        clipped = ((coef_1 < 1 - config.epsilon_low) & (advantages < 0)) | (
-            (coef_1 > 1 + config.epsilon_high) & (advantages > 0)
-        )
+        per_token_kl = _per_token_kl(logprobs, ref_logprobs, coef_1, config)
+    per_token_loss, clipped, coef_1 = _surrogate(logprobs, coef_1, advantages, config)
     if is_weights is not None:
         per_token_loss = per_token_loss * is_weights
-    if config.beta != 0.0:
+    if per_token_kl is not None:
         per_token_loss = per_token_loss + config.beta * per_token_kl
-        stats["kl"] = ((per_token_kl * mask).sum() / mask.sum().clamp(min=1.0)).detach()
-    if config.kind == "grpo":
-        per_sequence = (per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
-        if num_sequences is not None:
-            loss = per_sequence.sum() / max(num_sequences, 1)
-        else:
-            loss = per_sequence.mean() / accumulation_steps
-    elif config.kind == "bnpo":
-        if num_sequences is not None:
-            loss = (per_token_loss * mask).sum() / torch.as_tensor(num_items).clamp(min=1.0)
-        else:
-            loss = (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0) / accumulation_steps
-    elif config.kind == "dr_grpo":
-        rows = num_sequences if num_sequences is not None else per_token_loss.size(0)
-        loss = (per_token_loss * mask).sum() / (rows * config.max_completion_length)
-        if num_sequences is None:
-            loss = loss / accumulation_steps
-    else:  # dapo, cispo: normalised by the tokens of the whole window
-        total = mask.sum() * accumulation_steps if num_items is None else num_items
-        loss = (per_token_loss * mask).sum() / torch.as_tensor(total).clamp(min=1.0)
+        stats["kl"] = _masked_mean(per_token_kl, mask)
+    loss = _aggregate(per_token_loss, mask, config, num_items, num_sequences, accumulation_steps)
     clipped = clipped.expand_as(mask) if clipped.shape != mask.shape else clipped
     stats["clipped"] = (clipped.to(mask.dtype) * mask).sum().detach()
     ratio = coef_1.expand_as(mask) if coef_1.shape != mask.shape else coef_1
-    stats["ratio"] = ((ratio * mask).sum() / mask.sum().clamp(min=1.0)).detach()
+    stats["ratio"] = _masked_mean(ratio, mask)
     return loss, stats
 
 
