@@ -157,7 +157,7 @@ def test_resume_of_an_env_that_is_not_reproducible_fails_with_a_reason(tokenizer
     runner = EpisodeRunner(ScriptedClient(tokenizer, counting_model), tokenizer)
     (result,) = asyncio.run(runner.resume(snapshots[-1]))
     assert result.status == "failed" and result.failure is FailureKind.ENV_REPLAY
-    assert result.reason.startswith("env_replay: replaying step"), result.reason
+    assert result.reason.startswith("env_replay: replaying entry 1 (step)"), result.reason
 
 
 def test_the_failure_kind_is_stored_and_older_rows_without_it_still_load(

@@ -92,6 +92,10 @@ def _replay_continue(args: argparse.Namespace, store: Any, console: Any, run: An
         point = replay.fork_point(recorded, args.fork_at)
         new_id = replay.new_episode_id(store, f"{args.episode}~fork@{args.fork_at}")
         print(replay.restore_note(point), flush=True)
+    label = replay.label_version(point, policy)
+    if label != policy.version:
+        print(f"its tokens are labelled version {label}, the newest in the episode so far "
+              f"(versions never decrease along an episode)", flush=True)  # fmt: skip
     done = asyncio.run(replay.continue_episode(store, point, new_id, policy=policy,
                                                config=config))  # fmt: skip
     tokenizer = run.tokenizer(policy.model if policy.cleanup is None else None)

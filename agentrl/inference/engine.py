@@ -63,11 +63,14 @@ class VLLMEngineClient(VLLMClientBase):
         *,
         seed: int | None = None,
         max_lora_rank: int | None = None,
+        version: int = 0,
     ) -> VLLMEngineClient:
         """Start an engine for ``model`` ('tiny', a model folder or a hub name).
 
         ``seed``: the sampler's seed (``run.seed``; None: vLLM's default).
         ``max_lora_rank``: serve LoRA adapters up to this rank (None: no LoRA).
+        ``version``: the policy version the loaded weights are (a replay of a trained
+        run's checkpoint labels its tokens with that checkpoint's version).
 
         Raises:
             ModelNotFoundError: the model spec is not a model.
@@ -118,7 +121,8 @@ class VLLMEngineClient(VLLMClientBase):
         # Keep the engine out of this frame's locals: vLLM's AsyncLLM.__del__ fails at
         # interpreter exit, so close() must be able to drop the last reference.
         client, engine = cls(engine, config, model_path, max_lora_rank), None
-        await client._engine.update_weight_version("0")
+        client._version = version
+        await client._engine.update_weight_version(str(version))
         from vllm.platforms import current_platform
 
         tied = getattr(client._engine.model_config.hf_config, "tie_word_embeddings", False)

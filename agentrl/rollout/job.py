@@ -25,7 +25,7 @@ from typing import Any
 from agentrl.config import RunConfig
 from agentrl.errors import ConfigError
 from agentrl.store import STORE_FILE, EpisodeStore
-from agentrl.types import Group
+from agentrl.types import Group, Task
 
 ROLLOUT_KIND = "rollout"
 
@@ -95,13 +95,8 @@ def resumed_job(out_dir: Path, env_id: str | None = None) -> RolloutJob:
 
 async def run_rollout(job: RolloutJob, *, resume: bool = False) -> dict[str, Any]:
     """Run (or continue) the job with a live progress bar; return the summary it writes."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from agentrl.inference import VLLMEngineClient, VLLMServer, VLLMServerClient
-    from agentrl.metrics import LoopLagMonitor, tune_gc
-    from agentrl.queue import TrajectoryQueue
-    from agentrl.rollout import EpisodeRunner, Scheduler, tasks_for
-    from agentrl.store import StoreWriter
+    from agentrl.rollout import tasks_for
 
     cfg = job.config
     group_size = cfg.rollout.group_size
@@ -116,73 +111,73 @@ async def run_rollout(job: RolloutJob, *, resume: bool = False) -> dict[str, Any
             f"{str(out)!r} already holds a run; continue it with --resume, or choose another --out"
         )
     path, tokenizer = await asyncio.to_thread(_prepare, job, out)
-    groups = job.episodes // group_size
-    summary: dict[str, Any] = {}
     store = EpisodeStore.open(out)
     store.begin_run(ROLLOUT_KIND, job.settings())
     states = store.task_states()
-    all_tasks = list(tasks_for(job.env_id, groups, first_seed=cfg.env.first_seed,
-                               **cfg.env.kwargs))  # fmt: skip
+    all_tasks = list(tasks_for(job.env_id, job.episodes // group_size,
+                               first_seed=cfg.env.first_seed, **cfg.env.kwargs))  # fmt: skip
     todo = [t for t in all_tasks if states.get(t.task_id, "pending") == "pending"]
     already = (len(all_tasks) - len(todo)) * group_size
-
-    async def run(client: Any) -> None:
-        async with StoreWriter(store) as writer:
-            runner = EpisodeRunner(client, tokenizer, cfg.rollout, checkpoint=writer.partial)
-            queue = TrajectoryQueue(max(groups, 1))
-            tune_gc()
-            done = {"episodes": already}
-            with Progress(
-                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                TextColumn("{task.fields[stats]}"), TimeElapsedColumn(),
-            ) as progress:  # fmt: skip
-                bar = progress.add_task(job.env_id, total=job.episodes, completed=already,
-                                        stats="resumed" if resume else "")  # fmt: skip
-                started = time.perf_counter()
-
-                def on_group(group: Group) -> None:
-                    done["episodes"] += len(group.episodes)
-                    counters = runner.metrics.counters
-                    rate = counters["tokens_sampled"] / max(time.perf_counter() - started, 1e-9)
-                    errors = {k.split("/", 1)[1]: v for k, v in counters.items() if "/" in k}
-                    progress.update(bar, completed=done["episodes"],
-                                    stats=f"{rate:,.0f} tok/s  errors {errors or 0}")  # fmt: skip
-
-                scheduler = Scheduler(
-                    runner,
-                    queue,
-                    cfg.rollout,
-                    on_group=on_group,
-                    writer=writer,
-                    resume=resume,
-                )  # fmt: skip
-                async with LoopLagMonitor(runner.metrics):
-                    await scheduler.run(todo)
-                elapsed = time.perf_counter() - started
-        snap = runner.metrics.snapshot()
-        summary.update(
-            tokens_sampled=snap.get("tokens_sampled", 0),
-            tokens_per_s=snap.get("tokens_sampled", 0) / elapsed,
-            wall_s=elapsed,
-            metrics=snap,
-        )
-
+    summary: dict[str, Any] = {}
     try:
         if cfg.inference.mode == "server":
             async with await VLLMServer.start(path, cfg.inference, seed=cfg.run.seed,
                                               log_dir=out / "logs") as server:  # fmt: skip
                 async with VLLMServerClient(server.url, cfg.inference) as client:
-                    await run(client)
+                    summary = await _run(job, client, tokenizer, store, todo, already, resume)
         else:
             async with await VLLMEngineClient.start(path, cfg.inference,
                                                     seed=cfg.run.seed) as client:  # fmt: skip
-                await run(client)
+                summary = await _run(job, client, tokenizer, store, todo, already, resume)
         summary.update(await asyncio.to_thread(_export, store, out))
     finally:
         store.close()
     summary.update(env_id=job.env_id, model=str(path), resumed=resume)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+async def _run(job: RolloutJob, client: Any, tokenizer: Any, store: EpisodeStore,
+               todo: list[Task], already: int, resume: bool) -> dict[str, Any]:  # fmt: skip
+    """The episodes still to do, through one scheduler, with the progress bar."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from agentrl.metrics import LoopLagMonitor, tune_gc
+    from agentrl.queue import TrajectoryQueue
+    from agentrl.rollout import EpisodeRunner, Scheduler
+    from agentrl.store import StoreWriter
+
+    cfg = job.config
+    async with StoreWriter(store) as writer:
+        runner = EpisodeRunner(client, tokenizer, cfg.rollout, checkpoint=writer.partial)
+        queue = TrajectoryQueue(max(job.episodes // cfg.rollout.group_size, 1))
+        tune_gc()
+        done = {"episodes": already}
+        with Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("{task.fields[stats]}"), TimeElapsedColumn(),
+        ) as progress:  # fmt: skip
+            bar = progress.add_task(job.env_id, total=job.episodes, completed=already,
+                                    stats="resumed" if resume else "")  # fmt: skip
+            started = time.perf_counter()
+
+            def on_group(group: Group) -> None:
+                done["episodes"] += len(group.episodes)
+                counters = runner.metrics.counters
+                rate = counters["tokens_sampled"] / max(time.perf_counter() - started, 1e-9)
+                errors = {k.split("/", 1)[1]: v for k, v in counters.items() if "/" in k}
+                progress.update(bar, completed=done["episodes"],
+                                stats=f"{rate:,.0f} tok/s  errors {errors or 0}")  # fmt: skip
+
+            scheduler = Scheduler(runner, queue, cfg.rollout, on_group=on_group, writer=writer,
+                                  resume=resume)  # fmt: skip
+            async with LoopLagMonitor(runner.metrics):
+                await scheduler.run(todo)
+            elapsed = time.perf_counter() - started
+    snap = runner.metrics.snapshot()
+    tokens = snap.get("tokens_sampled", 0)
+    return {"tokens_sampled": tokens, "tokens_per_s": tokens / elapsed, "wall_s": elapsed,
+            "metrics": snap}  # fmt: skip
 
 
 def _export(store: EpisodeStore, out: Path) -> dict[str, Any]:

@@ -62,8 +62,11 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     kind, env = request.param
     tmp = tmp_path_factory.mktemp(f"{kind}-{env}")
     out = tmp / "run"
-    environ = {**os.environ, "AGENTRL_CACHE": str(model_cache),
-               "AGENTRL_FAULTS": "generation@40" if kind == "rollout" else "optimizer_step@3"}
+    environ = {
+        **os.environ,
+        "AGENTRL_CACHE": str(model_cache),
+        "AGENTRL_FAULTS": "generation@40" if kind == "rollout" else "optimizer_step@3",
+    }
     imports = [LEDGER] if env == "user" else []
     if kind == "rollout":
         args = [AGENTRL, "rollout", ENVS[env], "--episodes", "16", "--group-size", "2",
