@@ -34,14 +34,7 @@ def _build_model_parser(commands: Subparsers) -> None:
 def _check_env_parser(commands: Subparsers) -> None:
     check = commands.add_parser("check-env", help="run Gymnasium's and agentrl's env checks")
     check.add_argument("env_id", help="a registered id, e.g. agentrl/Calculator-v0")
-    check.add_argument(
-        "--import",
-        dest="imports",
-        action="append",
-        default=[],
-        metavar="MODULE_OR_FILE",
-        help="import this module or .py file first (where your env registers itself)",
-    )
+    _import_flag(check, "import this module or .py file first (where your env registers itself)")
 
 
 def _rollout_parser(commands: Subparsers) -> None:
@@ -76,14 +69,7 @@ def _rollout_parser(commands: Subparsers) -> None:
         action="store_true",
         help="continue the killed or interrupted run in --out with its recorded settings",
     )
-    roll.add_argument(
-        "--import",
-        dest="imports",
-        action="append",
-        default=[],
-        metavar="MODULE_OR_FILE",
-        help="import this first (registers your env; recorded as env.imports)",
-    )
+    _import_flag(roll, "import this first (registers your env; recorded as env.imports)")
 
 
 def _config_parser(commands: Subparsers) -> None:
@@ -175,17 +161,18 @@ def _replay_parser(commands: Subparsers) -> None:
                         help="for --resume/--fork-at: 'tiny', a model folder or a hub name "
                         "(default: the policy that sampled the episode: its checkpoint, else "
                         "the run's final model)")  # fmt: skip
-    replay.add_argument(
-        "--import",
-        dest="imports",
-        action="append",
-        default=[],
-        metavar="MODULE_OR_FILE",
-        help="import this first (registers your env); the run's recorded env.imports are "
-        "imported too",
+    _import_flag(
+        replay,
+        "import this first (registers your env); the run's recorded env.imports are imported too",
     )
     replay.add_argument("--temperature", type=float, default=None)
     replay.add_argument("--max-tokens", type=int, default=None, help="per assistant turn")
+
+
+def _import_flag(parser: argparse.ArgumentParser, text: str) -> None:
+    """``--import MODULE_OR_FILE`` (repeatable): modules that register the user's envs."""
+    parser.add_argument("--import", dest="imports", action="append", default=[],
+                        metavar="MODULE_OR_FILE", help=text)  # fmt: skip
 
 
 def _shortcut(parser: argparse.ArgumentParser, flag: str, key: str, kind: type,
