@@ -14,8 +14,10 @@ paused for a weight update, right after tokens were sampled. The points:
 
 Set ``AGENTRL_FAULTS`` to a comma-separated list of ``POINT@N`` (die with SIGKILL the
 N-th time POINT is reached; ``POINT`` alone means the first time), e.g.
-``AGENTRL_FAULTS=optimizer_step@3``. Unset (always, outside tests), a fault point
-costs one dict lookup.
+``AGENTRL_FAULTS=optimizer_step@3``. ``POINT@N=TERM`` (or ``=HUP``, ``=INT``) sends
+that signal to the process instead, as a job scheduler would, and carries on: the
+process then stops the way it handles that signal. Unset (always, outside tests), a
+fault point costs one dict lookup.
 """
 
 from __future__ import annotations
@@ -26,20 +28,29 @@ import sys
 
 POINTS = ("store_write", "optimizer_step", "weight_update", "generation")
 
-_armed: dict[str, int] = {}
+SIGNALS = {"KILL": signal.SIGKILL, "TERM": signal.SIGTERM, "HUP": signal.SIGHUP,
+           "INT": signal.SIGINT}  # fmt: skip
+
+_armed: dict[str, tuple[int, signal.Signals]] = {}
 _hits: dict[str, int] = {}
 
 
-def _parse(spec: str) -> dict[str, int]:
+def _parse(spec: str) -> dict[str, tuple[int, signal.Signals]]:
     armed = {}
     for item in filter(None, (s.strip() for s in spec.split(","))):
-        name, _, count = item.partition("@")
+        where, _, sig = item.partition("=")
+        name, _, count = where.partition("@")
         if name not in POINTS:
             raise ValueError(
                 f"AGENTRL_FAULTS names an unknown fault point {name!r}; known: {', '.join(POINTS)}"
             )
+        if (sig or "KILL") not in SIGNALS:
+            raise ValueError(
+                f"AGENTRL_FAULTS item {item!r}: the signal after = must be one of "
+                f"{', '.join(SIGNALS)}"
+            )
         try:
-            armed[name] = int(count) if count else 1
+            armed[name] = (int(count) if count else 1, SIGNALS[sig or "KILL"])
         except ValueError:
             raise ValueError(
                 f"AGENTRL_FAULTS item {item!r}: the count after @ must be an integer"
@@ -55,14 +66,16 @@ def arm(spec: str) -> None:
 
 
 def point(name: str) -> None:
-    """Die here (SIGKILL, no cleanup) if a test armed this point for this hit."""
+    """Die here (SIGKILL, no cleanup), or get the armed signal, if a test armed this
+    point for this hit."""
     if not _armed or name not in _armed:
         return
     _hits[name] = _hits.get(name, 0) + 1
-    if _hits[name] == _armed[name]:
-        sys.stderr.write(f"agentrl fault injection: SIGKILL at {name} (hit {_hits[name]})\n")
+    count, sig = _armed[name]
+    if _hits[name] == count:
+        sys.stderr.write(f"agentrl fault injection: {sig.name} at {name} (hit {_hits[name]})\n")
         sys.stderr.flush()
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), sig)
 
 
 if os.environ.get("AGENTRL_FAULTS"):

@@ -17,6 +17,14 @@ os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Whatever the tests start (vllm serve, engines, `agentrl train` subprocesses) is
+    stopped by agentrl's watchdog if pytest itself is killed (a CI timeout)."""
+    from agentrl.lifecycle import ensure_reaper
+
+    ensure_reaper()
+
+
 @pytest.fixture(scope="session")
 def model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A model cache private to this test session."""

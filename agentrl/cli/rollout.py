@@ -4,21 +4,27 @@ config reference)."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
+import sys
 import time
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from agentrl.cli.parsers import _overrides
+from agentrl.lifecycle import Stopped, ensure_reaper, run_stoppable
+
+if TYPE_CHECKING:
+    from agentrl.rollout.job import RolloutJob
 
 
 def _rollout(args: argparse.Namespace, extra: list[str]) -> int:
-    from pathlib import Path
-
     from agentrl.config import RunConfig
     from agentrl.env import import_env_modules, load_env_plugins
     from agentrl.errors import ConfigError
     from agentrl.rollout.job import RolloutJob, resumed_job, run_rollout
 
+    ensure_reaper()
     load_env_plugins()
     if args.resume:
         if args.out is None:
@@ -26,8 +32,7 @@ def _rollout(args: argparse.Namespace, extra: list[str]) -> int:
         import_env_modules(args.imports, key="--import")
         job = resumed_job(Path(args.out), args.env_id)
         import_env_modules([i for i in job.config.env.imports if i not in args.imports])
-        summary = asyncio.run(run_rollout(job, resume=True))
-        return _print_rollout(summary, job.env_id, Path(args.out))
+        return _stoppable(run_rollout(job, resume=True), job, Path(args.out))
     overrides = _overrides(args, extra)
     if args.env_id is not None:
         overrides.append(f"--env.id={json.dumps(args.env_id)}")
@@ -41,8 +46,19 @@ def _rollout(args: argparse.Namespace, extra: list[str]) -> int:
     import_env_modules(config.env.imports)
     out = Path(args.out or f"runs/rollout-{time.strftime('%Y%m%d-%H%M%S')}")
     job = RolloutJob(config=config, episodes=args.episodes, out_dir=out)
-    summary = asyncio.run(run_rollout(job))
-    return _print_rollout(summary, config.env.id, out)
+    return _stoppable(run_rollout(job), job, out)
+
+
+def _stoppable(coro: Coroutine[Any, Any, dict[str, Any]], job: RolloutJob, out: Path) -> int:
+    """Run the rollout; SIGTERM/SIGHUP stop it like Ctrl-C, with the resume command."""
+    hint = f"continue with: agentrl rollout --resume --out {out}"
+    try:
+        summary = run_stoppable(coro, grace_s=job.config.run.stop_grace_s,
+                                on_hard_stop=lambda why: print(hint, file=sys.stderr))  # fmt: skip
+    except KeyboardInterrupt as e:
+        print(f"{e if isinstance(e, Stopped) else 'interrupted'}; {hint}", file=sys.stderr)
+        return e.exit_code if isinstance(e, Stopped) else 130
+    return _print_rollout(summary, job.env_id, out)
 
 
 def _print_rollout(summary: dict[str, object], env_id: str, out: object) -> int:

@@ -4,7 +4,6 @@ servers, and the check that every task of it is accounted for."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import sys
@@ -14,6 +13,7 @@ from agentrl.errors import AgentRLError
 
 
 def _train(args: argparse.Namespace, extra: list[str]) -> int:
+    from agentrl.lifecycle import Stopped, ensure_reaper, run_stoppable
     from agentrl.run import explain_failure, prepare, train
     from agentrl.status import Reporter
     from agentrl.trainer.distributed import launched_rank
@@ -31,12 +31,18 @@ def _train(args: argparse.Namespace, extra: list[str]) -> int:
             return 0
     reporter = Reporter()
     cfg, run_dir = prepare(args.config, overrides, resume=args.resume, reporter=reporter)
+    ensure_reaper()  # nothing this run starts outlives it, even if it is SIGKILLed
+    resume_hint = f"continue with: agentrl train --resume {run_dir}"
     try:
-        result = asyncio.run(train(cfg, run_dir, resume=args.resume is not None,
-                                   accelerator=accelerator, reporter=reporter))  # fmt: skip
-    except KeyboardInterrupt:
-        print(f"interrupted; continue with: agentrl train --resume {run_dir}", file=sys.stderr)
-        return 130
+        result = run_stoppable(
+            train(cfg, run_dir, resume=args.resume is not None, accelerator=accelerator,
+                  reporter=reporter),
+            grace_s=cfg.run.stop_grace_s,
+            on_hard_stop=lambda why: print(resume_hint, file=sys.stderr),
+        )  # fmt: skip
+    except KeyboardInterrupt as e:
+        print(f"{e if isinstance(e, Stopped) else 'interrupted'}; {resume_hint}", file=sys.stderr)
+        return e.exit_code if isinstance(e, Stopped) else 130
     except Exception as e:
         cause = explain_failure(e, run_dir)
         if cause is e and not isinstance(e, AgentRLError):

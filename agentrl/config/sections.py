@@ -52,6 +52,12 @@ class JobConfig:
     """The run's name, in the default run directory and the trackers."""
     seed: int = 0
     """Seeds the trainer (torch) and the inference engine's sampler."""
+    stop_grace_s: float = 25.0
+    """After SIGTERM or SIGHUP, seconds to stop cleanly before stopping at once."""
+
+    def __post_init__(self) -> None:
+        if not self.stop_grace_s > 0:
+            raise ConfigError(f"run.stop_grace_s = {self.stop_grace_s!r}; it must be > 0")
 
 
 @_frozen

@@ -29,6 +29,7 @@ from agentrl.inference.base import (
     clamp_max_tokens,
 )
 from agentrl.inference.client_base import VLLMClientBase
+from agentrl.lifecycle import ensure_reaper
 from agentrl.models import resolve_model
 
 if TYPE_CHECKING:
@@ -78,6 +79,7 @@ class VLLMEngineClient(VLLMClientBase):
         """
         config = config or InferenceConfig()
         model_path = resolve_model(model)
+        ensure_reaper()  # vLLM's engine process must not outlive this one (even on SIGKILL)
         os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM

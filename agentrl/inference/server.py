@@ -43,6 +43,7 @@ from agentrl.inference.base import (
     clamp_max_tokens,
 )
 from agentrl.inference.client_base import VLLMClientBase
+from agentrl.lifecycle import descendants, ensure_reaper
 from agentrl.models import resolve_model
 from agentrl.net import free_port
 
@@ -164,7 +165,7 @@ class VLLMServer:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.process.pid, signal.SIGKILL)
             return
-        children = _descendants(self.process.pid)
+        children = descendants(self.process.pid)
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
@@ -226,31 +227,17 @@ def server_command(
 
 
 def _spawn(command: Sequence[str], env: dict[str, str] | None, log_path: Path) -> Any:
-    """Start ``command`` in its own session (process group), output appended to the log."""
+    """Start ``command`` in its own session (process group), output appended to the log.
+
+    The session keeps Ctrl-C in a terminal from reaching the server before agentrl
+    stops it; the watchdog (:func:`agentrl.lifecycle.ensure_reaper`) stops it if
+    agentrl dies without doing so.
+    """
+    ensure_reaper()
     with open(log_path, "ab") as log:
         return subprocess.Popen(
             list(command), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
-
-
-def _descendants(pid: int) -> list[int]:
-    """PIDs of every live descendant of ``pid`` (Linux /proc)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
-    found, stack = [], [pid]
-    while stack:
-        for child in children.get(stack.pop(), []):
-            found.append(child)
-            stack.append(child)
-    return found
 
 
 class VLLMServerClient(VLLMClientBase):
