@@ -14,7 +14,8 @@ period, SIGKILL. Two pieces make agentrl's long-running commands survive both:
 * :func:`ensure_reaper` starts a watchdog process that outlives this one by design:
   when this process dies, by any means including SIGKILL, the watchdog kills every
   process it had started (``vllm serve`` and its engine processes, the in-process
-  engine's workers, sandboxes, test subprocesses). It knows them from a scan of
+  engine's workers, sandboxes, test subprocesses): SIGTERM first, SIGKILL after three
+  seconds. It knows them from a scan of
   ``/proc`` once a second and identifies each by PID *and* start time, so a PID
   reused by an unrelated process is never touched. Linux only; elsewhere it is a
   no-op.
@@ -92,21 +93,39 @@ def descendants(pid: int) -> dict[int, int]:
     return found
 
 
-def kill_processes(known: dict[int, int], *, sig: int = signal.SIGKILL) -> list[int]:
-    """Send ``sig`` to each PID of ``known`` still running with the same start time,
-    and to everything those started; returns the PIDs signalled."""
+def _targets(known: dict[int, int]) -> dict[int, int]:
+    """The PIDs of ``known`` still running with the recorded start time, and their
+    descendants."""
     targets = {}
     for pid, started in known.items():
         stat = _stat(pid)
         if stat is not None and stat[1] == started:
             targets[pid] = started
             targets.update(descendants(pid))
+    return targets
+
+
+def kill_processes(known: dict[int, int], *, sig: int = signal.SIGKILL) -> list[int]:
+    """Send ``sig`` to each PID of ``known`` still running with the same start time,
+    and to everything those started; returns the PIDs signalled."""
     hit = []
-    for pid in targets:
+    for pid in _targets(known):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, sig)
             hit.append(pid)
     return hit
+
+
+def stop_processes(known: dict[int, int], grace_s: float = 3.0) -> list[int]:
+    """SIGTERM (``vllm serve`` shuts its engine down; multiprocessing's resource
+    tracker gets to unlink shared memory), then after ``grace_s`` SIGKILL whatever of
+    them (or of what they started meanwhile) still runs; returns the PIDs stopped."""
+    targets = _targets(known)
+    hit = kill_processes(targets, sig=signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and _targets(targets):
+        time.sleep(0.1)
+    return sorted({*hit, *kill_processes(targets)})
 
 
 # ---------------------------------------------------------------------------------
@@ -164,7 +183,7 @@ def watch(parent: int, interval_s: float = SCAN_INTERVAL_S) -> int:
         known = {p: s for p, s in known.items() if (st := _stat(p)) and st[1] == s}
     known.pop(me, None)
     names = {pid: _name(pid) for pid in known}
-    hit = kill_processes(known)
+    hit = stop_processes(known)
     if hit:
         listed = ", ".join(f"{pid} {names.get(pid) or _name(pid)}" for pid in sorted(hit)[:8])
         sys.stderr.write(
@@ -291,4 +310,7 @@ def _main(argv: list[str]) -> int:
 if __name__ == "__main__":
     sys.exit(_main(sys.argv[1:]))
 
-__all__ = ["Stopped", "descendants", "ensure_reaper", "kill_processes", "run_stoppable", "watch"]
+__all__ = [
+    "Stopped", "descendants", "ensure_reaper", "kill_processes", "run_stoppable",
+    "stop_processes", "watch",
+]  # fmt: skip

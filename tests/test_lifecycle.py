@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.lifecycle import descendants, kill_processes
+from agentrl.lifecycle import descendants, kill_processes, stop_processes
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
 
@@ -100,6 +100,37 @@ def test_kill_processes_spares_a_reused_pid() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+def test_stop_processes_asks_first_then_kills(tmp_path: Path) -> None:
+    """SIGTERM lets a process clean up (vllm serve, the resource tracker); one that
+    ignores it is SIGKILLed after the grace period."""
+    polite = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import signal, sys, time
+        def bye(*_):
+            open({str(tmp_path / "bye")!r}, "w").write("cleaned up")
+            sys.exit(0)
+        signal.signal(signal.SIGTERM, bye)
+        print("ready", flush=True)
+        time.sleep(60)""")], stdout=subprocess.PIPE, text=True)  # fmt: skip
+    stubborn = subprocess.Popen([sys.executable, "-c", "import signal, time; "
+                                 "signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                                 "print('ready', flush=True); time.sleep(60)"],
+                                stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        for proc in (polite, stubborn):
+            assert proc.stdout is not None and proc.stdout.readline().startswith("ready")
+        mine = descendants(os.getpid())
+        known = {p.pid: mine[p.pid] for p in (polite, stubborn)}
+        t0 = time.monotonic()
+        assert stop_processes(known, grace_s=1.0) == sorted(known)
+        assert 0.9 < time.monotonic() - t0 < 5
+        assert polite.wait(5) == 0 and (tmp_path / "bye").read_text() == "cleaned up"
+        assert stubborn.wait(5) == -signal.SIGKILL
+    finally:
+        for proc in (polite, stubborn):
+            proc.kill()
+            proc.wait()
 
 
 STOPPABLE = """
