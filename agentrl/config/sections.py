@@ -21,14 +21,17 @@ This module is the ground floor: it imports only the standard library and
 from __future__ import annotations
 
 import dataclasses
+import typing
 from typing import Any, Literal
 
 from agentrl.errors import ConfigError
 
-LossKind = Literal["grpo", "dapo", "dr_grpo", "cispo", "bnpo"]
+LossKind = Literal["grpo", "dapo", "dr_grpo", "cispo", "bnpo", "dppo"]
 CorrectionMode = Literal[
     "none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"
 ]
+AdvantageScheme = Literal["episode", "turn_return", "gigpo"]
+StepKey = Literal["observation", "prefix"]
 UpdatePolicy = Literal["resume", "keep", "drop"]
 
 _frozen = dataclasses.dataclass(frozen=True, slots=True)
@@ -188,7 +191,7 @@ class LossConfig:
     """``[trainer.loss]``: the policy-gradient objective (see agentrl.trainer.losses)."""
 
     kind: LossKind = "dapo"
-    """grpo, dapo (token-level, clip-higher), dr_grpo, cispo or bnpo."""
+    """grpo, dapo (token-level, clip-higher), dr_grpo, cispo, bnpo or dppo (prime-rl's)."""
     epsilon_low: float = 0.2
     """The lower clip of the importance ratio."""
     epsilon_high: float = 0.28
@@ -204,13 +207,40 @@ class LossConfig:
     max_completion_length: int = 512
     """dr_grpo's constant normaliser (tokens per sequence)."""
     correction: CorrectionMode = "token_truncate"
-    """Importance correction against the behaviour policy (vLLM's logprobs)."""
+    """Importance correction against the behaviour policy (vLLM's logprobs); not applied by
+    dppo, whose ratio is already taken against it."""
     correction_min: float | None = 0.0
     """Lower bound of the correction weight (unset: none)."""
     correction_max: float | None = 2.0
     """Upper bound of the correction weight (unset: none)."""
     max_token_staleness: int | None = None
     """Mask tokens sampled more than this many versions ago (unset: keep all)."""
+    geo_mask_low: float | None = None
+    """Geo-RS: drop a sequence whose geometric-mean ratio is below this, e.g. 0.99 (unset: off)."""
+    geo_mask_high: float | None = None
+    """Geo-RS: drop a sequence whose geometric-mean ratio is above this, e.g. 1.01 (unset: off)."""
+    token_mask_low: float | None = None
+    """IcePop: drop the tokens whose trainer/vLLM ratio is below this, e.g. 0.5 (unset: off)."""
+    token_mask_high: float | None = None
+    """IcePop: drop the tokens whose trainer/vLLM ratio is above this, e.g. 2.0 (unset: off)."""
+    outlier_low: float | None = None
+    """Drop a sequence holding any token whose ratio is below this, e.g. 1e-4 (unset: off)."""
+    outlier_high: float | None = None
+    """Drop a sequence holding any token whose ratio is above this, e.g. 100 (unset: off)."""
+    dppo_mask_low: float = 0.2
+    """dppo: mask a token with A < 0 whose probability fell more than this below vLLM's."""
+    dppo_mask_high: float = 0.2
+    """dppo: mask a token with A > 0 whose probability rose more than this above vLLM's."""
+    dppo_kl: float = 1e-3
+    """dppo: coefficient of the squared log-ratio (trainer/vLLM) penalty on every token."""
+    advantage: AdvantageScheme = "episode"
+    """Credit: episode (one advantage per episode), turn_return or gigpo (per assistant turn)."""
+    gamma: float = 0.95
+    """turn_return and gigpo: discount of later turns' rewards in a turn's return."""
+    step_weight: float = 1.0
+    """gigpo: weight of the step-level advantage added to the episode-level one."""
+    step_key: StepKey = "observation"
+    """gigpo: turns form a step group when they saw the same observation, or the same prefix."""
 
     def __post_init__(self) -> None:
         if not (0 <= self.epsilon_low < 1 and self.epsilon_high >= 0):
@@ -225,6 +255,38 @@ class LossConfig:
                 f"trainer.loss.max_token_staleness = {self.max_token_staleness!r}; it must be "
                 f">= 0 (leave it unset to keep every token)"
             )
+        for name in ("geo_mask", "token_mask", "outlier"):
+            _band("trainer.loss", self, name)
+        _at_least("trainer.loss", self, 0, "dppo_mask_low", "dppo_mask_high", "dppo_kl",
+                  "step_weight")  # fmt: skip
+        if self.kind == "dppo" and self.ratio_level != "token":
+            raise ConfigError(
+                f"trainer.loss.ratio_level = {self.ratio_level!r} with kind 'dppo'; dppo's "
+                f"trust region is per token, use ratio_level = 'token'"
+            )
+        if not 0 <= self.gamma <= 1:
+            raise ConfigError(f"trainer.loss.gamma = {self.gamma!r}; use a value in [0, 1]")
+        for name, allowed in (("advantage", AdvantageScheme), ("step_key", StepKey)):
+            if getattr(self, name) not in typing.get_args(allowed):
+                raise ConfigError(
+                    f"trainer.loss.{name} = {getattr(self, name)!r} is not allowed; use one of: "
+                    f"{', '.join(typing.get_args(allowed))}"
+                )
+
+
+def _band(section: str, obj: Any, name: str) -> None:
+    """``{name}_low`` and ``{name}_high``: each unset or > 0, and low <= high."""
+    low, high = getattr(obj, f"{name}_low"), getattr(obj, f"{name}_high")
+    for suffix, value in (("low", low), ("high", high)):
+        if value is not None and not value > 0:
+            raise ConfigError(
+                f"{section}.{name}_{suffix} = {value!r}; a ratio bound must be > 0 (leave it "
+                f"unset for no bound)"
+            )
+    if low is not None and high is not None and low > high:
+        raise ConfigError(
+            f"{section}.{name}_low ({low}) must not exceed {section}.{name}_high ({high})"
+        )
 
 
 @_frozen

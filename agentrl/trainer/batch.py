@@ -2,8 +2,11 @@
 
 Each trainable trajectory (not failed, at least one sampled token) becomes one row.
 Its advantage is its episode's reward relative to the other episodes of its group
-(segments of one episode share it). Rows are padded on the right; position ``i`` of
-the shifted tensors is the prediction of token ``i + 1`` from the tokens before it.
+(segments of one episode share it); with a per-turn scheme (``trainer.loss.advantage``
+``turn_return`` or ``gigpo``, see :mod:`agentrl.trainer.advantages`) each assistant
+turn's tokens get their turn's advantage instead. ``MicroBatch.advantages`` holds one
+advantage per token either way. Rows are padded on the right; position ``i`` of the
+shifted tensors is the prediction of token ``i + 1`` from the tokens before it.
 Micro-batches hold at most ``max_tokens`` padded tokens (and at least one row).
 """
 
@@ -16,6 +19,8 @@ from typing import Literal
 import numpy as np
 import torch
 
+from agentrl.config import LossConfig
+from agentrl.trainer.advantages import episode_turns, token_advantages, turn_advantages
 from agentrl.trainer.losses import group_advantages
 from agentrl.types import Group, Trajectory
 
@@ -24,7 +29,16 @@ from agentrl.types import Group, Trajectory
 class Row:
     trajectory: Trajectory
     advantage: float
+    """The episode advantage (every token's, unless ``turn_advantages`` is set)."""
     group: int
+    turn_advantages: tuple[float, ...] | None = None
+    """Per-turn schemes: the advantage of each assistant turn of the episode."""
+
+    def token_advantages(self) -> np.ndarray:
+        """One advantage per token of the trajectory."""
+        if self.turn_advantages is None:
+            return np.full(len(self.trajectory), self.advantage, dtype=np.float32)
+        return token_advantages(self.trajectory, self.turn_advantages)
 
 
 @dataclasses.dataclass(slots=True)
@@ -38,6 +52,7 @@ class MicroBatch:
     behaviour_logprobs: torch.Tensor
     versions: torch.Tensor
     advantages: torch.Tensor
+    """One advantage per (shifted) token."""
 
     @property
     def tokens(self) -> int:
@@ -51,29 +66,42 @@ class MicroBatch:
 
 
 def rows_from_groups(
-    groups: Sequence[Group], scale: Literal["group", "batch", "none"] = "group"
+    groups: Sequence[Group],
+    scale: Literal["group", "batch", "none"] = "group",
+    loss: LossConfig | None = None,
 ) -> list[Row]:
-    """Trainable trajectories with their group-relative advantages."""
-    episodes: list[tuple[int, str, float]] = []
+    """Trainable trajectories with their group-relative advantages.
+
+    ``loss`` (default: ``LossConfig()``) says the advantage scheme and its settings
+    (``advantage``, ``gamma``, ``step_weight``, ``step_key``).
+    """
+    loss = loss or LossConfig()
+    segments: dict[tuple[int, str], list[Trajectory]] = {}
     for gi, group in enumerate(groups):
-        seen: set[str] = set()
         for t in group.trajectories:
-            if t.episode_id not in seen and t.status != "failed":
-                seen.add(t.episode_id)
-                episodes.append((gi, t.episode_id, t.reward))
-    if not episodes:
+            if t.status != "failed":
+                segments.setdefault((gi, t.episode_id), []).append(t)
+    if not segments:
         return []
+    episodes = list(segments)
     adv = group_advantages(
-        torch.tensor([r for _, _, r in episodes]),
-        torch.tensor([g for g, _, _ in episodes]),
+        torch.tensor([segments[e][0].reward for e in episodes]),
+        torch.tensor([g for g, _ in episodes]),
         scale,
     )
-    by_episode = {(g, e): float(a) for (g, e, _), a in zip(episodes, adv.tolist(), strict=True)}
+    by_episode = {e: float(a) for e, a in zip(episodes, adv.tolist(), strict=True)}
+    per_turn: dict[tuple[int, str], tuple[float, ...]] = {}
+    if loss.advantage != "episode":
+        turns = [episode_turns(g, segments[(g, e)], loss.step_key) for g, e in episodes]
+        values = turn_advantages(turns, loss.advantage, scale, gamma=loss.gamma,
+                                 step_weight=loss.step_weight)  # fmt: skip
+        per_turn = dict(zip(episodes, values, strict=True))
     rows = []
     for gi, group in enumerate(groups):
         for t in group.trajectories:
-            if t.trainable and (gi, t.episode_id) in by_episode:
-                rows.append(Row(t, by_episode[(gi, t.episode_id)], gi))
+            key = (gi, t.episode_id)
+            if t.trainable and key in by_episode:
+                rows.append(Row(t, by_episode[key], gi, per_turn.get(key)))
     return rows
 
 
@@ -102,6 +130,7 @@ def _pad(rows: list[Row], pad_id: int) -> MicroBatch:
     mask = np.zeros((b, length), dtype=np.float32)
     behaviour = np.zeros((b, length), dtype=np.float32)
     versions = np.full((b, length), -1, dtype=np.int64)
+    advantages = np.zeros((b, length), dtype=np.float32)
     for i, row in enumerate(rows):
         t = row.trajectory
         n = len(t)
@@ -110,6 +139,7 @@ def _pad(rows: list[Row], pad_id: int) -> MicroBatch:
         mask[i, :n] = t.loss_mask
         behaviour[i, :n] = np.nan_to_num(t.logprobs, nan=0.0)
         versions[i, :n] = t.versions
+        advantages[i, :n] = row.token_advantages()
     return MicroBatch(
         input_ids=torch.from_numpy(ids),
         attention_mask=torch.from_numpy(attention),
@@ -117,5 +147,5 @@ def _pad(rows: list[Row], pad_id: int) -> MicroBatch:
         mask=torch.from_numpy(mask[:, 1:].copy()),
         behaviour_logprobs=torch.from_numpy(behaviour[:, 1:].copy()),
         versions=torch.from_numpy(versions[:, 1:].copy()),
-        advantages=torch.tensor([r.advantage for r in rows], dtype=torch.float32),
+        advantages=torch.from_numpy(advantages[:, 1:].copy()),
     )

@@ -24,10 +24,16 @@ Losses (``LossConfig.kind``):
 * ``dr_grpo``: clipped ratio, summed and divided by ``B * max_completion_length``;
 * ``cispo``: the ratio clipped from above and detached, times advantage times logprob,
   normalised like ``dapo``;
-* ``bnpo``: clipped ratio, token mean over the micro-batch.
+* ``bnpo``: clipped ratio, token mean over the micro-batch;
+* ``dppo``: prime-rl's default loss (:func:`dppo_terms`): the unclipped ratio to the
+  behaviour policy, with tokens outside a trust region on the probability difference
+  masked, plus a squared log-ratio penalty; normalised like ``dapo``. Its ratio is taken
+  against the behaviour policy (the trainer passes vLLM's logprobs as ``old_logprobs``
+  and no importance weights). No TRL counterpart; its test is hand-computed.
 
 ``ratio_level = "sequence"`` turns any clipped loss into GSPO (the geometric mean of
-the token ratios of each sequence).
+the token ratios of each sequence). The masks that drop tokens or sequences too far
+off-policy (Geo-RS, IcePop, outliers) are in :mod:`agentrl.trainer.corrections`.
 """
 
 from __future__ import annotations
@@ -65,6 +71,8 @@ def importance_weights(
         diff = diff.sum(dim=-1, keepdim=True)
     ratio = torch.exp(diff)
     if mode.endswith("truncate"):
+        if low is None and high is None:  # torch.clamp refuses two missing bounds
+            return ratio
         return torch.clamp(ratio, min=low, max=high)
     lo = low if low is not None else -torch.inf
     hi = high if high is not None else torch.inf
@@ -128,6 +136,45 @@ def _surrogate(
     return per_token_loss, clipped, coef_1
 
 
+def dppo_terms(
+    logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    config: LossConfig,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """DPPO-Binary-TV with a squared log-ratio penalty: per-token loss and masked tokens.
+
+    prime-rl's default loss (``default_loss_fn`` in ``prime_rl/trainer/rl/loss.py``,
+    read at commit 559b447): DPPO-Binary-TV ("Rethinking the Trust Region in LLM
+    Reinforcement Learning", arXiv 2602.04879) with Kimi K2.5's KL term (arXiv
+    2602.02276). prime-rl's ``adv_tau`` (a scale on the advantage) is left out. With
+    ``r_t = exp(logprobs_t - behaviour_t)`` and the probability difference
+    ``d_t = exp(logprobs_t) - exp(behaviour_t)``::
+
+        masked_t = d_t > dppo_mask_high    if A_t > 0
+                   d_t < -dppo_mask_low    otherwise
+        loss_t   = -(1 - masked_t) * A_t * r_t + dppo_kl * (log r_t) ** 2
+
+    The trust region is on the change in probability (the binary total variation), so a
+    rare token may move far in ratio and a likely one only a little; the mask is
+    one-sided, by the sign of the advantage, like PPO's clip. The ratio keeps its
+    gradient (no clipping); masked tokens still pay the penalty.
+
+    Returns:
+        The per-token loss ``(B, T)`` and where the trust region masked a token whose
+        advantage is non-zero (``A > 0`` above it, ``A < 0`` below it).
+    """
+    log_ratio = logprobs - behaviour_logprobs
+    diff = (torch.exp(logprobs) - torch.exp(behaviour_logprobs)).detach()
+    above = diff > config.dppo_mask_high
+    below = diff < -config.dppo_mask_low
+    masked = torch.where(advantages > 0, above, below)
+    keep = (~masked).to(logprobs.dtype)
+    per_token_loss = -keep * advantages * torch.exp(log_ratio) + config.dppo_kl * log_ratio**2
+    clipped = ((advantages > 0) & above) | ((advantages < 0) & below)
+    return per_token_loss, clipped
+
+
 def _aggregate(
     per_token_loss: torch.Tensor,
     mask: torch.Tensor,
@@ -141,8 +188,8 @@ def _aggregate(
     ``grpo``: masked mean per sequence, then summed over ``num_sequences`` (or averaged
     and divided by ``accumulation_steps``); ``bnpo``: masked sum over ``num_items`` (or
     masked token mean divided by ``accumulation_steps``); ``dr_grpo``: masked sum over
-    ``rows * max_completion_length``; ``dapo``, ``cispo``: masked sum over the tokens of
-    the whole window.
+    ``rows * max_completion_length``; ``dapo``, ``cispo``, ``dppo``: masked sum over the
+    tokens of the whole window.
     """
     if config.kind == "grpo":
         per_sequence = (per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
@@ -159,7 +206,7 @@ def _aggregate(
         if num_sequences is None:
             loss = loss / accumulation_steps
         return loss
-    # dapo, cispo: normalised by the tokens of the whole window
+    # dapo, cispo, dppo: normalised by the tokens of the whole window
     total = mask.sum() * accumulation_steps if num_items is None else num_items
     return (per_token_loss * mask).sum() / torch.as_tensor(total).clamp(min=1.0)
 
@@ -186,7 +233,7 @@ def policy_loss(
 
     Args:
         logprobs: current policy, ``(B, T)``, with gradient.
-        old_logprobs: proximal policy, ``(B, T)``.
+        old_logprobs: proximal policy, ``(B, T)``; for ``dppo`` the behaviour policy.
         advantages: ``(B,)`` or ``(B, T)``.
         mask: ``(B, T)``, 1 on the tokens the loss covers.
         is_weights: importance weights (``(B, T)`` or ``(B, 1)``) multiplied into the
@@ -202,7 +249,8 @@ def policy_loss(
 
     Returns:
         The loss and a dict of detached statistics: ``clipped`` (tokens whose ratio
-        was clipped), ``ratio`` (mean ratio), ``kl`` (mean per-token KL, if any).
+        was clipped, or for ``dppo`` masked by its trust region), ``ratio`` (mean
+        ratio), ``kl`` (mean per-token KL, if any).
     """
     mask = mask.to(logprobs.dtype)
     if advantages.dim() == 1:
@@ -214,7 +262,10 @@ def policy_loss(
         if ref_logprobs is None:
             raise ValueError("beta > 0 needs ref_logprobs")
         per_token_kl = _per_token_kl(logprobs, ref_logprobs, coef_1, config)
-    per_token_loss, clipped, coef_1 = _surrogate(logprobs, coef_1, advantages, config)
+    if config.kind == "dppo":
+        per_token_loss, clipped = dppo_terms(logprobs, old_logprobs, advantages, config)
+    else:
+        per_token_loss, clipped, coef_1 = _surrogate(logprobs, coef_1, advantages, config)
     if is_weights is not None:
         per_token_loss = per_token_loss * is_weights
     if per_token_kl is not None:

@@ -1,15 +1,19 @@
 """``Trainer``: one optimizer step from complete groups, with importance correction.
 
 The model is a transformers causal LM in float32 (optionally wrapped with a peft LoRA
-adapter). A step: group-relative advantages; padded micro-batches; for each, the
-current policy's logprobs of the sampled tokens (TRL's ``selective_log_softmax``,
-at the sampling temperature); importance weights from the proximal policy (the
-model before this step) to the behaviour policy (vLLM's logprobs of each token);
-the configured loss; backward; then gradient clipping and one AdamW step.
+adapter). A step: group-relative advantages (per episode, or per turn as
+``trainer.loss.advantage`` says); padded micro-batches; for each, the current policy's
+logprobs of the sampled tokens (TRL's ``selective_log_softmax``, at the sampling
+temperature); importance weights from the proximal policy (the model before this
+step) to the behaviour policy (vLLM's logprobs of each token), times the masks that
+drop tokens or sequences too far off-policy (:mod:`agentrl.trainer.corrections`); the
+configured loss (``dppo`` takes its ratio against the behaviour policy itself and gets
+no importance weights); backward; then gradient clipping and one AdamW step.
 
-Reported per step: loss, clip fraction, IS weight min/mean/max, the trainer-vs-vLLM
-logprob gap on the freshest tokens (sampled by the version being trained), token
-staleness min/mean/max in versions, tokens trained and the gradient norm.
+Reported per step: loss, clip fraction, IS weight min/mean/max, the fraction of tokens
+the off-policy masks dropped (in all and per mask), the trainer-vs-vLLM logprob gap on
+the freshest tokens (sampled by the version being trained), token staleness
+min/mean/max in versions, tokens trained and the gradient norm.
 
 The heavy work runs in a worker thread (``asyncio.to_thread``); call
 :meth:`Trainer.pin` once in that thread to keep it off vLLM's core on small machines.
@@ -31,6 +35,7 @@ from agentrl import faults
 from agentrl.config import TrainerConfig
 from agentrl.errors import ConfigError
 from agentrl.trainer.batch import MicroBatch, micro_batches, rows_from_groups
+from agentrl.trainer.corrections import CorrectionMasks, correction_masks
 from agentrl.trainer.losses import importance_weights, policy_loss
 from agentrl.types import Group
 
@@ -46,6 +51,11 @@ class StepStats:
     is_weight_min: float
     is_weight_mean: float
     is_weight_max: float
+    masked_fraction: float
+    """Tokens the off-policy masks (Geo-RS, IcePop, outlier) dropped, of those trained."""
+    geo_masked_fraction: float
+    token_masked_fraction: float
+    outlier_masked_fraction: float
     logprob_gap_fresh: float
     """Mean |trainer logprob - vLLM logprob| on tokens sampled by the version trained."""
     fresh_tokens: int
@@ -212,7 +222,7 @@ class Trainer:
 
     def score(self, groups: Sequence[Group]) -> list[tuple[torch.Tensor, MicroBatch]]:
         """Current-policy logprobs of every micro-batch (no gradient), for diagnostics."""
-        rows = rows_from_groups(groups, self.config.scale_rewards)
+        rows = rows_from_groups(groups, self.config.scale_rewards, self.config.loss)
         out = []
         with torch.no_grad():
             for mb in micro_batches(rows, self.config.micro_batch_tokens, self.pad_id):
@@ -226,7 +236,7 @@ class Trainer:
         """
         t0 = time.perf_counter()
         cfg = self.config
-        rows = rows_from_groups(groups, cfg.scale_rewards)
+        rows = rows_from_groups(groups, cfg.scale_rewards, cfg.loss)
         # Totals over the whole step (all ranks), so the loss does not depend on how
         # rows are split into micro-batches or across processes.
         total_tokens = float(sum(float(r.trajectory.loss_mask[1:].sum()) for r in rows))
@@ -235,7 +245,8 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         acc: dict[str, Any] = {"loss": 0.0, "clipped": 0.0, "tokens": 0.0, "w_min": float("inf"),
                "w_max": 0.0, "w_sum": 0.0, "gap_sum": 0.0, "gap_n": 0, "st_min": float("inf"),
-               "st_max": 0.0, "st_sum": 0.0, "kl": 0.0}  # fmt: skip
+               "st_max": 0.0, "st_sum": 0.0, "kl": 0.0, "dropped": 0.0, "geo": 0.0,
+               "token": 0.0, "outlier": 0.0}  # fmt: skip
         # FSDP gathers the weights in every forward and backward (collectives), so every
         # rank runs as many micro-steps as the busiest one, the extra ones on a padding
         # micro-batch that carries no loss. DDP only syncs in the last backward.
@@ -270,6 +281,10 @@ class Trainer:
             is_weight_min=acc["w_min"] if tokens else 1.0,
             is_weight_mean=acc["w_sum"] / tokens if tokens else 1.0,
             is_weight_max=acc["w_max"] if tokens else 1.0,
+            masked_fraction=acc["dropped"] / tokens if tokens else 0.0,
+            geo_masked_fraction=acc["geo"] / tokens if tokens else 0.0,
+            token_masked_fraction=acc["token"] / tokens if tokens else 0.0,
+            outlier_masked_fraction=acc["outlier"] / tokens if tokens else 0.0,
             logprob_gap_fresh=acc["gap_sum"] / acc["gap_n"] if acc["gap_n"] else float("nan"),
             fresh_tokens=acc["gap_n"],
             staleness_min=acc["st_min"] if tokens else 0.0,
@@ -293,19 +308,24 @@ class Trainer:
         logprobs = self.logprobs(self.model, mb)
         old = logprobs.detach()
         lc = cfg.loss
-        weights = importance_weights(old, mb.behaviour_logprobs, mask, lc.correction,
-                                     lc.correction_min, lc.correction_max)  # fmt: skip
+        if lc.kind == "dppo":  # its ratio is to the behaviour policy: nothing to correct
+            weights = torch.ones_like(old)
+        else:
+            weights = importance_weights(old, mb.behaviour_logprobs, mask, lc.correction,
+                                         lc.correction_min, lc.correction_max)  # fmt: skip
+        masks = correction_masks(old, mb.behaviour_logprobs, mask, lc)
         ref = self._ref_logprobs(mb) if cfg.loss.beta > 0 else None
         loss, stats = policy_loss(
-            logprobs, old, mb.advantages, mask, cfg.loss, is_weights=weights,
-            ref_logprobs=ref, num_items=total_tokens, num_sequences=total_rows,
-            accumulation_steps=count,
+            logprobs, mb.behaviour_logprobs if lc.kind == "dppo" else old, mb.advantages,
+            mask, cfg.loss, is_weights=weights * masks.keep, ref_logprobs=ref,
+            num_items=total_tokens, num_sequences=total_rows, accumulation_steps=count,
         )  # fmt: skip
         if self.accelerator is None:
             loss.backward()
         else:  # the wrapper averages gradients over ranks; each loss is a share of the sum
             self.accelerator.backward(loss * self.world)
         self._accumulate(acc, loss, stats, mb, mask, old, weights)
+        self._accumulate_masks(acc, masks)
 
     def _micro_step_count(self, local: int) -> int:
         """Micro-steps this rank runs: its own, or under FSDP the most of any rank."""
@@ -324,7 +344,7 @@ class Trainer:
                           targets=ids[:, 1:].clone(), mask=torch.zeros(1, 1),
                           behaviour_logprobs=torch.zeros(1, 1),
                           versions=torch.full((1, 1), -1, dtype=torch.long),
-                          advantages=torch.zeros(1))  # fmt: skip
+                          advantages=torch.zeros(1, 1))  # fmt: skip
 
     def _sync(self, *, last: bool) -> Any:
         """Only the last micro-batch of a rank all-reduces gradients (forward included)."""
@@ -338,6 +358,11 @@ class Trainer:
                 return self.logprobs(self.ref_model, mb)
             with self.unwrapped.disable_adapter():  # LoRA: the base model is the reference
                 return self.logprobs(self.model, mb)
+
+    @staticmethod
+    def _accumulate_masks(acc: dict[str, Any], masks: CorrectionMasks) -> None:
+        for name in ("dropped", "geo", "token", "outlier"):
+            acc[name] += getattr(masks, name)
 
     def _accumulate(self, acc: dict[str, Any], loss: torch.Tensor, stats: dict[str, Any],
                     mb: MicroBatch, mask: torch.Tensor, old: torch.Tensor,

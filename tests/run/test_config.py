@@ -144,7 +144,7 @@ def test_cli_bad_config_prints_one_error_and_creates_nothing(tmp_path: Path) -> 
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert lines == [
         "agentrl: error: trainer.loss.kind = 'ppo' is not allowed; use one of: grpo, dapo, "
-        "dr_grpo, cispo, bnpo"
+        "dr_grpo, cispo, bnpo, dppo"
     ], proc.stderr
     assert proc.stdout == ""
     assert not out.exists()
