@@ -134,6 +134,9 @@ def check_config(config: RunConfig) -> None:
         path = resolve_model(config.model.path)  # raises ModelNotFoundError (a ConfigError)
         if Path(path).is_dir():
             check_chat_template(path)
+            from agentrl.chat.modelcheck import check_tool_calls  # the model's tool calls parse
+
+            check_tool_calls(path, config.model, config.env)
 
 
 def _check_resumable(run_dir: Path, reporter: Reporter | None) -> None:
@@ -244,6 +247,7 @@ async def train(config: RunConfig, run_dir: Path, *, resume: bool = False,
 async def _train(out: _RunOutput, model_path: str, store: EpisodeStore, display: Any,
                  result: TrainResult, *, resume: bool, accelerator: Any) -> None:  # fmt: skip
     """Build the components (the architecture diagram, left to right) and run them."""
+    from agentrl.chat.formats import resolve_chat_format
     from agentrl.queue import TrajectoryQueue
     from agentrl.rollout import EpisodeRunner, Scheduler
     from agentrl.rollout.controller import RolloutController
@@ -259,7 +263,8 @@ async def _train(out: _RunOutput, model_path: str, store: EpisodeStore, display:
                                               out.reporter)  # fmt: skip
         writer = await stack.enter_async_context(StoreWriter(store))
         runner = EpisodeRunner(client, trainer.tokenizer, cfg.rollout, metrics=status.metrics,
-                               checkpoint=writer.partial, tracer=tracer)  # fmt: skip
+                               checkpoint=writer.partial, tracer=tracer,
+                               chat=resolve_chat_format(trainer.tokenizer, cfg.model))  # fmt: skip
         controller = RolloutController(runner, writer=writer, policy=cfg.rollout.update_policy,
                                        max_staleness=cfg.rollout.max_staleness,
                                        metrics=status.metrics)  # fmt: skip
@@ -375,12 +380,14 @@ async def evaluate(config: RunConfig, client: InferenceClient, tokenizer: Any, l
     episode per group (at most ``rollout.concurrency`` at once), with no store, no
     staleness bound and no retries; episode ids are ``eval-LABEL-SEED/0``.
     """
+    from agentrl.chat.formats import resolve_chat_format
     from agentrl.queue import TrajectoryQueue
     from agentrl.rollout import EpisodeRunner, Scheduler, tasks_for
 
     rollout = dataclasses.replace(config.rollout, temperature=config.eval.temperature,
                                   group_size=1, max_retries=0)  # fmt: skip
-    runner = EpisodeRunner(client, tokenizer, rollout, metrics=Metrics(), tracer=tracer)
+    runner = EpisodeRunner(client, tokenizer, rollout, metrics=Metrics(), tracer=tracer,
+                           chat=resolve_chat_format(tokenizer, config.model))  # fmt: skip
     runner.trace_pid = EVAL
     if status is not None:
         status.evaluating(label, runner)

@@ -6,9 +6,11 @@ calls with a per-call timeout and turns every failure (malformed JSON, unknown t
 wrong argument types, a call cut off by the length limit, an exception, a timeout)
 into an error message for the model plus a counted kind, never an exception.
 
-Owns :class:`Tool`, :class:`ToolCall`, :class:`ToolResult`, :class:`ToolSet` and
-:func:`parse_tool_calls` (Qwen/Hermes ``<tool_call>{json}</tool_call>`` format).
-Does not render conversations or talk to the model.
+Owns :class:`Tool`, :class:`ToolCall`, :class:`ToolResult`, :class:`ToolSet`, the
+:class:`ParsedTurn` a parser returns and the :class:`ToolCallParser` seam. Reading calls
+out of a model's text is the parser's job: :mod:`agentrl.chat.toolcalls` wraps vLLM's
+maintained parsers, one per model family. Does not render conversations or talk to the
+model.
 """
 
 from __future__ import annotations
@@ -17,16 +19,14 @@ import asyncio
 import dataclasses
 import inspect
 import json
-import re
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Literal
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Literal, Protocol
 
 ToolErrorKind = Literal[
     "malformed_json", "cut_off", "unknown_tool", "bad_arguments", "tool_exception", "timeout"
 ]
 
-_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _JSON_TYPES: dict[str, tuple[type, ...]] = {
     "string": (str,),
     "integer": (int,),
@@ -39,10 +39,13 @@ _JSON_TYPES: dict[str, tuple[type, ...]] = {
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ToolCall:
-    """One parsed call: the tool's name and its arguments."""
+    """One parsed call: the tool's name, its arguments, and the id its result answers to."""
 
     name: str
     arguments: Mapping[str, Any]
+    id: str | None = None
+    """Set by formats whose tool results name the call they answer (Mistral's 9-character
+    ids); None elsewhere."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -64,6 +67,32 @@ class ParsedTurn:
     @property
     def has_tool_activity(self) -> bool:
         return bool(self.calls or self.errors)
+
+
+class ToolCallParser(Protocol):
+    """Reads the tool calls of one assistant turn in a model family's format.
+
+    Implemented by :class:`agentrl.chat.toolcalls.ToolCallFormat`.
+    """
+
+    def parse(
+        self,
+        text: str,
+        tools: Sequence[Mapping[str, Any]],
+        *,
+        finish_reason: str = "stop",
+        turn: int = 0,
+    ) -> ParsedTurn:
+        """The calls in ``text`` (the turn's answer, reasoning removed) and what failed.
+
+        Args:
+            text: the assistant turn's text.
+            tools: the JSON schemas of the tools on offer.
+            finish_reason: ``"length"`` when the turn hit its token limit (a call that
+                does not parse then counts as ``cut_off``).
+            turn: the assistant turn's index, for deterministic call ids.
+        """
+        ...
 
 
 class Tool:
@@ -133,8 +162,11 @@ class ToolSet:
     def schemas(self) -> list[dict[str, Any]]:
         return [t.schema for t in self.tools.values()]
 
-    def parse(self, text: str) -> ParsedTurn:
-        parsed = parse_tool_calls(text)
+    def parse(
+        self, text: str, parser: ToolCallParser, *, finish_reason: str = "stop", turn: int = 0
+    ) -> ParsedTurn:
+        """The calls in one turn's text, read by ``parser``; failures are counted by kind."""
+        parsed = parser.parse(text, self.schemas, finish_reason=finish_reason, turn=turn)
         for error in parsed.errors:
             self.errors[error.error or "unknown"] += 1
         return parsed
@@ -168,42 +200,3 @@ class ToolSet:
             return ToolResult(call.name, f"Error: {type(e).__name__}: {e}", "tool_exception")
         content = value if isinstance(value, str) else json.dumps(value, default=str)
         return ToolResult(call.name, content)
-
-
-def parse_tool_calls(text: str) -> ParsedTurn:
-    """Find ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks in ``text``.
-
-    Several calls per turn are allowed. A ``<tool_call>`` with no closing tag (the turn
-    hit its length limit) is reported as ``cut_off``.
-    """
-    calls: list[ToolCall] = []
-    errors: list[ToolResult] = []
-    for body in _CALL.findall(text):
-        try:
-            payload = json.loads(body.strip())
-        except json.JSONDecodeError as e:
-            errors.append(
-                ToolResult("", f"Error: tool call is not valid JSON ({e.msg}): {body[:200]!r}",
-                           "malformed_json")
-            )  # fmt: skip
-            continue
-        name = payload.get("name") if isinstance(payload, dict) else None
-        arguments = payload.get("arguments", {}) if isinstance(payload, dict) else None
-        if isinstance(arguments, str):  # some models send arguments as a JSON string
-            try:
-                arguments = json.loads(arguments)
-            except json.JSONDecodeError:
-                arguments = None
-        if not isinstance(name, str) or not isinstance(arguments, dict):
-            errors.append(
-                ToolResult(str(name or ""), 'Error: a tool call must be {"name": string, '
-                           f'"arguments": object}}, got {body[:200]!r}', "malformed_json")
-            )  # fmt: skip
-            continue
-        calls.append(ToolCall(name, arguments))
-    tail = _CALL.sub("", text)
-    if "<tool_call>" in tail:
-        errors.append(
-            ToolResult("", "Error: the tool call was cut off before </tool_call>", "cut_off")
-        )
-    return ParsedTurn(tuple(calls), tuple(errors))

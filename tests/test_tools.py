@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from agentrl.tools import Tool, ToolCall, ToolSet, parse_tool_calls
+from agentrl.tools import Tool, ToolCall, ToolSet
 
 
 def add(a: int, b: int) -> int:
@@ -49,7 +49,14 @@ def test_schema_from_type_hints_and_docstring() -> None:
         Tool(lambda x: x)
 
 
-def test_parse_several_calls_and_every_malformed_shape() -> None:
+def test_parse_several_calls_and_every_malformed_shape(tokenizer) -> None:
+    from agentrl.chat.toolcalls import ToolCallFormat
+
+    hermes = ToolCallFormat("hermes", tokenizer)  # vLLM's parser for the tiny model's format
+
+    def parse_tool_calls(text: str):
+        return hermes.parse(text, ToolSet([add]).schemas)
+
     text = (
         'I will add.<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
         '<tool_call>{"name": "add", "arguments": "{\\"a\\": 3, \\"b\\": 4}"}</tool_call>'
@@ -58,13 +65,18 @@ def test_parse_several_calls_and_every_malformed_shape() -> None:
         '<tool_call>{"name": "add", "arguments": {"a": 1'
     )
     parsed = parse_tool_calls(text)
-    assert parsed.calls == (ToolCall("add", {"a": 1, "b": 2}), ToolCall("add", {"a": 3, "b": 4}))
+    assert parsed.calls == (
+        ToolCall("add", {"a": 1, "b": 2}, "t0000c000"),
+        ToolCall("add", {"a": 3, "b": 4}, "t0000c001"),
+    )
     assert [e.error for e in parsed.errors] == ["malformed_json", "malformed_json", "cut_off"]
     assert all(e.content.startswith("Error:") for e in parsed.errors)
     assert not parse_tool_calls("Answer: 3").has_tool_activity
 
 
-async def test_toolset_turns_failures_into_messages() -> None:
+async def test_toolset_turns_failures_into_messages(tokenizer) -> None:
+    from agentrl.chat.toolcalls import ToolCallFormat
+
     tools = ToolSet([add, slow, Tool(broken)], timeout_s=0.2)
     assert (await tools.call(ToolCall("add", {"a": 2, "b": 3}))).content == "5"
     cases = [
@@ -80,7 +92,7 @@ async def test_toolset_turns_failures_into_messages() -> None:
         result = await tools.call(call)
         assert result.error == kind, (call, result)
         assert result.content.startswith("Error:")
-    tools.parse("<tool_call>oops</tool_call>")
+    tools.parse("<tool_call>oops</tool_call>", ToolCallFormat("hermes", tokenizer))
     assert tools.errors["timeout"] == 1 and tools.errors["malformed_json"] == 1
     assert tools.errors["bad_arguments"] == 4
     assert [s["function"]["name"] for s in tools.schemas] == ["add", "slow", "broken"]

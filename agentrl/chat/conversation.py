@@ -17,7 +17,11 @@ assistant turn renders after the same prompt). Templates that rewrite earlier tu
 (thinking models that drop old reasoning) are not; then the conversation starts a new
 *segment*: the tokens so far are closed off as one training sequence, and a new
 sequence starts from the full re-rendering (all of it prompt). ``segments_started``
-counts how often that happened.
+counts how often that happened, ``reprefilled_tokens`` how many prompt tokens the new
+segments cost. With ``keep_sampled`` (``model.keep_thinking``) the turns stay as sampled
+instead: the delta is what the template writes after the last turn's end-of-turn token
+in the new rendering (found by counting end-of-turn tokens), so a template that only
+rewrites earlier turns keeps one segment.
 """
 
 from __future__ import annotations
@@ -116,6 +120,7 @@ class Conversation:
         self.end_of_turn_ids = set(end_of_turn_ids) or _end_of_turn_ids(tokenizer)
         self.segments: list[Segment] = [Segment()]
         self.segments_started = 0
+        self.reprefilled_tokens = 0
         self.turn = 0
         self._last_finish: str = "stop"
         self.current.append("prompt", 0, self.render(self.messages, add_generation_prompt=True))
@@ -130,6 +135,7 @@ class Conversation:
         self.end_of_turn_ids = _end_of_turn_ids(tokenizer)
         self.segments = [Segment.from_arrays(a) for a in partial.segments]
         self.segments_started = partial.segments_started
+        self.reprefilled_tokens = 0  # counted from here on (not in the checkpoint)
         self.turn = partial.turn
         self._last_finish = partial.last_finish
         return self
@@ -179,16 +185,27 @@ class Conversation:
         self._last_finish = finish_reason
         self.turn += 1
 
-    def delta_for(self, new_messages: list[Message]) -> tuple[list[int], bool]:
+    def attach_tool_calls(self, tool_calls: list[dict[str, Any]]) -> None:
+        """Give the last assistant message its parsed calls (templates that render them)."""
+        assert self.messages and self.messages[-1]["role"] == "assistant"
+        self.messages[-1] = {**self.messages[-1], "tool_calls": tool_calls}
+
+    def delta_for(
+        self, new_messages: list[Message], *, keep_sampled: bool = False
+    ) -> tuple[list[int], bool]:
         """The tokens that append ``new_messages``, and whether that preserves the prefix.
 
         Only renderings are compared with each other, never with the sampled tokens
         (re-tokenizing sampled text may legitimately differ from what was sampled).
         When the second value is False the tokens are the full re-rendering, to be used
-        as the prompt of a new segment.
+        as the prompt of a new segment. ``keep_sampled``: see the module doc.
         """
         base = self.render(self.messages, add_generation_prompt=False)
         full = self.render(self.messages + new_messages, add_generation_prompt=True)
+        if full[: len(base)] != base and keep_sampled:
+            aligned = self._align(base, full)
+            if aligned is not None:
+                base, full = aligned
         if full[: len(base)] != base:
             return full, False
         if not self.messages or self.messages[-1]["role"] != "assistant":
@@ -197,6 +214,21 @@ class Conversation:
         if closing is None:
             return full, False
         return closing + full[len(base) :], True
+
+    def _align(self, base: list[int], full: list[int]) -> tuple[list[int], list[int]] | None:
+        """``(base, full)`` cut so that ``base`` is a prefix of ``full`` where both hold
+        the same number of turns up to the last one of ``base``; None if they do not."""
+        ends = [i for i, t in enumerate(base) if t in self.end_of_turn_ids]
+        if not ends:
+            return None
+        tail = base[ends[-1] :]
+        full_ends = [i for i, t in enumerate(full) if t in self.end_of_turn_ids]
+        if len(full_ends) < len(ends):
+            return None
+        at = full_ends[len(ends) - 1]
+        if full[at : at + len(tail)] != tail:
+            return None
+        return tail, full[at:]
 
     def _closing(self, base: list[int]) -> list[int] | None:
         """Tokens the template writes after the sampled content of the last assistant turn.
@@ -215,14 +247,20 @@ class Conversation:
         return base[last:]
 
     def add_messages(
-        self, new_messages: list[Message], kind: SpanKind, max_len: int | None = None
+        self,
+        new_messages: list[Message],
+        kind: SpanKind,
+        max_len: int | None = None,
+        *,
+        keep_sampled: bool = False,
     ) -> bool:
         """Append env or tool messages; start a new segment if the template needs it.
 
         Returns False, changing nothing, when the result would leave no room for one
         sampled token within ``max_len`` (the caller ends the episode as truncated).
+        ``keep_sampled``: see the module doc.
         """
-        ids, preserving = self.delta_for(new_messages)
+        ids, preserving = self.delta_for(new_messages, keep_sampled=keep_sampled)
         if max_len is not None and (len(self) + len(ids) if preserving else len(ids)) >= max_len:
             return False
         self.messages.extend(new_messages)
@@ -231,6 +269,7 @@ class Conversation:
         else:
             self.segments.append(Segment())
             self.segments_started += 1
+            self.reprefilled_tokens += len(ids)
             self.current.append("prompt", self.turn, ids)
         return True
 

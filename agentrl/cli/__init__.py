@@ -5,6 +5,7 @@ episode is recorded, so a killed run continues where it stopped and any episode 
 be replayed. Start with:
 
     agentrl demo                             generate from a tiny model through real vLLM
+    agentrl check-model MODEL                what agentrl finds in a model's chat template
     agentrl train CONFIG.toml [--key.sub=V]  the whole job: rollouts, training, evaluation
     agentrl train --resume RUN_DIR           continue a killed or interrupted run
     agentrl top RUN_DIR                      live view of a run (from another terminal)
@@ -23,6 +24,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
+from agentrl.cli.check_model import _check_model
 from agentrl.cli.misc import (
     DEMO_QUESTIONS,
     _build_model,
@@ -36,6 +38,7 @@ from agentrl.cli.parsers import (
     _audit_parser,
     _build_model_parser,
     _check_env_parser,
+    _check_model_parser,
     _config_parser,
     _demo_parser,
     _plot_parser,
@@ -107,6 +110,7 @@ COMMANDS: dict[str, _Command] = {
     "demo": _Command(_demo_parser, _run_demo),
     "build-model": _Command(_build_model_parser, _build_model),
     "check-env": _Command(_check_env_parser, _check_env),
+    "check-model": _Command(_check_model_parser, _check_model),
     "rollout": _Command(_rollout_parser, _rollout, overrides=True),
     "config": _Command(_config_parser, _config),
     "train": _Command(_train_parser, _train, overrides=True),

@@ -37,6 +37,17 @@ def _check_env_parser(commands: Subparsers) -> None:
     _import_flag(check, "import this module or .py file first (where your env registers itself)")
 
 
+def _check_model_parser(commands: Subparsers) -> None:
+    check = commands.add_parser(
+        "check-model",
+        help="what agentrl finds in a model's chat template (tool calls, thinking, prefix)",
+    )
+    check.add_argument("model", help="'tiny', a model folder, or a hub name")
+    check.add_argument("--tool-format", default="auto", help="as model.tool_format")
+    check.add_argument("--reasoning", default="auto", help="as model.reasoning")
+    check.add_argument("--keep-thinking", action="store_true", help="as model.keep_thinking")
+
+
 def _rollout_parser(commands: Subparsers) -> None:
     roll = commands.add_parser(
         "rollout",

@@ -69,6 +69,24 @@ class ModelConfig:
 
     path: str = "tiny"
     """'tiny' (built locally), a model folder, or a hub name."""
+    tool_format: str = "auto"
+    """How tool calls are read: auto (from the chat template) or a vLLM tool-parser name
+    (hermes, llama3_json, mistral, olmo3, pythonic, qwen3_coder, ...)."""
+    reasoning: str = "auto"
+    """Thinking split from the answer: auto (from the chat template), a vLLM
+    reasoning-parser name (qwen3, deepseek_r1, ...), or none."""
+    keep_thinking: bool = False
+    """Keep past turns as sampled (thinking included) where the template would rewrite
+    them: no new segment, but a history the template itself would not render."""
+
+    def __post_init__(self) -> None:
+        for name in ("tool_format", "reasoning"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value.replace("-", "_").isidentifier():
+                raise ConfigError(
+                    f"model.{name} = {value!r}; use auto or a vLLM parser name "
+                    f"(`agentrl check-model MODEL` shows the detected one)"
+                )
 
 
 @_frozen

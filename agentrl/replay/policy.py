@@ -198,6 +198,7 @@ async def continue_episode(
 
     from transformers import AutoTokenizer
 
+    from agentrl.chat.formats import resolve_chat_format
     from agentrl.inference import VLLMEngineClient
     from agentrl.models import resolve_model
     from agentrl.rollout import EpisodeRunner
@@ -215,7 +216,10 @@ async def continue_episode(
         async with await engine as client:
             if policy.adapter:
                 await client.load_lora_adapter(policy.adapter, version=version)
-            trajectories = await EpisodeRunner(client, tokenizer, config.rollout).resume(start)
+            runner = EpisodeRunner(
+                client, tokenizer, config.rollout, chat=resolve_chat_format(tokenizer, config.model)
+            )
+            trajectories = await runner.resume(start)
     finally:
         if policy.cleanup:
             shutil.rmtree(policy.cleanup, ignore_errors=True)

@@ -142,6 +142,7 @@ async def _run(job: RolloutJob, client: Any, tokenizer: Any, store: EpisodeStore
     """The episodes still to do, through one scheduler, with the progress bar."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from agentrl.chat.formats import resolve_chat_format
     from agentrl.metrics import LoopLagMonitor, tune_gc
     from agentrl.queue import TrajectoryQueue
     from agentrl.rollout import EpisodeRunner, Scheduler
@@ -149,7 +150,8 @@ async def _run(job: RolloutJob, client: Any, tokenizer: Any, store: EpisodeStore
 
     cfg = job.config
     async with StoreWriter(store) as writer:
-        runner = EpisodeRunner(client, tokenizer, cfg.rollout, checkpoint=writer.partial)
+        runner = EpisodeRunner(client, tokenizer, cfg.rollout, checkpoint=writer.partial,
+                               chat=resolve_chat_format(tokenizer, cfg.model))  # fmt: skip
         queue = TrajectoryQueue(max(job.episodes // cfg.rollout.group_size, 1))
         tune_gc()
         done = {"episodes": already}

@@ -1,10 +1,11 @@
 """``EpisodeRunner``: one episode from ``reset(seed)`` to its end, in tokens.
 
-The loop: render the prompt; generate until the end of the turn; if the turn holds
-tool calls (or broken ones), run the tools with their timeouts and append the results
-as tool messages; otherwise step the env with the turn's text and append its
-observation; repeat until the env terminates or truncates, or a turn, tool-call or
-context limit is hit.
+The loop: render the prompt; generate until the end of the turn; split off the turn's
+thinking (the model's :class:`~agentrl.chat.formats.ChatFormat`); if the answer holds
+tool calls in the model family's format (or broken ones), run the tools with their
+timeouts and append the results the way the family's template shows them; otherwise
+step the env with the answer and append its observation; repeat until the env
+terminates or truncates, or a turn, tool-call or context limit is hit.
 
 What ends an episode, and how it is recorded:
 
@@ -32,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import functools
 import itertools
 import logging
 import time
@@ -40,6 +42,7 @@ from typing import Any
 
 from agentrl import faults
 from agentrl.chat import Conversation, as_messages
+from agentrl.chat.formats import ChatFormat, resolve_chat_format
 from agentrl.config import RolloutConfig
 from agentrl.env import make_env
 from agentrl.errors import ContextOverflowError, InfraError
@@ -93,6 +96,8 @@ class EpisodeRunner(EnvCalls):
             hold new requests back (see :class:`~agentrl.rollout.controller.RolloutController`).
         checkpoint: called with a :class:`PartialEpisode` at every turn boundary (the
             store writer batches them); None: no per-turn checkpoints.
+        chat: how turns are read (tool-call format, reasoning); None: detected from
+            the tokenizer's chat template (:func:`~agentrl.chat.formats.resolve_chat_format`).
     """
 
     def __init__(
@@ -106,8 +111,10 @@ class EpisodeRunner(EnvCalls):
         admission: asyncio.Event | None = None,
         checkpoint: Callable[[PartialEpisode], Any] | None = None,
         tracer: Tracer | None = None,
+        chat: ChatFormat | None = None,
     ) -> None:
         self.client = client
+        self.chat = chat if chat is not None else resolve_chat_format(tokenizer)
         self.tracer = tracer
         self.trace_pid = ROLLOUT
         """The trace track its episodes go to (evaluation uses its own)."""
@@ -244,11 +251,12 @@ class EpisodeRunner(EnvCalls):
                 if finish == "length" and len(conversation) >= max_len:
                     status, reason = "truncated", context_full(max_len)
                     break
-                parsed = toolset.parse(text)
+                answer = self.chat.answer(text)
+                parsed = self.chat.parse(toolset, answer, finish, conversation.turn - 1)
                 if parsed.has_tool_activity:
                     ended = await self._tool_turn(ep, parsed, max_len)
                 else:
-                    ended = await self._env_turn(ep, text, max_len)
+                    ended = await self._env_turn(ep, answer, max_len)
                 if ended is not None:
                     status, reason = ended
                     break
@@ -283,8 +291,9 @@ class EpisodeRunner(EnvCalls):
             if result.error not in TOOL_NEVER_RAN:
                 ep.env_log.append(self._logged(ep, log_tool(call, result)))
         ep.rewards.append(0.0)
-        messages = [{"role": "tool", "name": r.name, "content": r.content} for r in results]
-        if not await self._render(ep.conversation.add_messages, messages, "tool", max_len):
+        messages = self.chat.tool_results(ep.conversation, parsed, results)
+        add = functools.partial(ep.conversation.add_messages, keep_sampled=self.chat.keep_thinking)
+        if not await self._render(add, messages, "tool", max_len):
             return "truncated", context_full(max_len)
         return None
 
@@ -302,8 +311,8 @@ class EpisodeRunner(EnvCalls):
         if terminated or truncated:
             default = "env terminated" if terminated else "env truncated"
             return ("finished" if terminated else "truncated"), str(info.get("reason", default))
-        if not await self._render(ep.conversation.add_messages, as_messages(obs), "env",
-                                  max_len):  # fmt: skip
+        add = functools.partial(ep.conversation.add_messages, keep_sampled=self.chat.keep_thinking)
+        if not await self._render(add, as_messages(obs), "env", max_len):
             return "truncated", context_full(max_len)
         return None
 
@@ -317,6 +326,7 @@ class EpisodeRunner(EnvCalls):
         if conversation is None:  # failed before the first render: an empty record
             return [self._trajectory(ep, None, 0, status, reason, failure)]
         self.metrics.count("template_new_segments", conversation.segments_started)
+        self.metrics.count("template_reprefilled_tokens", conversation.reprefilled_tokens)
         return [
             self._trajectory(ep, conversation, i, status, reason, failure)
             for i in range(len(conversation.segments))

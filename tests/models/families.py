@@ -1,0 +1,180 @@
+"""Real model families as test data: their chat templates and special tokens, with a tiny
+local tokenizer (and, for the vLLM tests, a tiny model) built around each.
+
+Each folder in ``fixtures/`` holds a family's real chat template (``chat_template.jinja``,
+its source in ``family.json``) and the special tokens its tokenizer carries. No hub is
+reachable here, so the tokenizer is a byte-level BPE trained in well under a second on
+conversations rendered with that template; the special tokens are single tokens, as in
+the real tokenizer, which is what the template, vLLM's parsers and agentrl look up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+FIXTURES = Path(__file__).parent / "fixtures"
+NAMES = sorted(p.name for p in FIXTURES.iterdir() if (p / "family.json").is_file())
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    name: str
+    template: str
+    special_tokens: list[str]
+    bos: str | None
+    eos: str
+    pad: str
+    tool_format: str
+    reasoning: str | None
+    model: str
+    source: str
+
+
+def family(name: str) -> Family:
+    folder = FIXTURES / name
+    data = json.loads((folder / "family.json").read_text())
+    return Family(name=name, template=(folder / "chat_template.jinja").read_text(), **data)
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: The first number.
+        b: The second number.
+    """
+    return a + b
+
+
+ADD_SCHEMA: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "description": "Add two integers.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "a": {"type": "integer", "description": "The first number."},
+                "b": {"type": "integer", "description": "The second number."},
+            },
+            "required": ["a", "b"],
+        },
+    },
+}
+
+# How each format writes `add(a=2, b=3)` and a broken call, as the model would sample it.
+CALLS: dict[str, str] = {
+    "hermes": '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>',
+    "llama3_json": '{"name": "add", "parameters": {"a": 2, "b": 3}}',
+    "mistral": '[TOOL_CALLS] [{"name": "add", "arguments": {"a": 2, "b": 3}}]',
+    "olmo3": "<function_calls>\nadd(a=2, b=3)\n</function_calls>",
+}
+MALFORMED: dict[str, str] = {
+    "hermes": '<tool_call>\n{"name": "add", "arguments": {a: 2}}\n</tool_call>',
+    "llama3_json": '{"name": "add", "parameters": {a: 2}}',
+    "mistral": '[TOOL_CALLS] [{"name": "add", "arguments": {a: 2}}]',
+    "olmo3": "<function_calls>\nadd(a=2, b=\n</function_calls>",
+}
+CUT: dict[str, str] = {
+    "hermes": '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3' + " " * 200,
+    "llama3_json": '{"name": "add", "parameters": {"a": 2, "b": 3' + " " * 200,
+    "mistral": '[TOOL_CALLS] [{"name": "add", "arguments": {"a": 2, "b": 3' + " " * 200,
+    "olmo3": "<function_calls>\nadd(a=2, b=3" + " " * 200,
+}
+UNKNOWN: dict[str, str] = {k: v.replace('"add"', '"sub"').replace("add(", "sub(")
+                           for k, v in CALLS.items()}  # fmt: skip
+BAD_ARGUMENTS: dict[str, str] = {k: v.replace("3", '"three"').replace("b=\"three\"", "b='three'")
+                                 for k, v in CALLS.items()}  # fmt: skip
+
+
+def thinking(fam: Family, text: str) -> str:
+    """``text`` as the family writes a turn: after its thinking, for thinking models."""
+    return f"<think>\nI should add.\n</think>\n\n{text}" if fam.reasoning else text
+
+
+def sample_conversation() -> list[dict[str, Any]]:
+    """A tool conversation to train the tokenizer on (structured tool calls)."""
+    call = {"id": "t0000c000", "type": "function",
+            "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}  # fmt: skip
+    return [
+        {"role": "system", "content": "Use the add tool, then answer with 'Answer: N'."},
+        {"role": "user", "content": "What is 2 + 3?"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "name": "add", "content": "5", "tool_call_id": "t0000c000"},
+        {"role": "assistant", "content": "Answer: 5"},
+        {"role": "user", "content": "And 4 + 4?"},
+    ]
+
+
+def build_tokenizer(fam: Family, *, vocab_size: int = 700) -> Any:
+    """A byte-level BPE tokenizer with the family's special tokens and chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=fam.special_tokens,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  min_frequency=2, show_progress=False)  # fmt: skip
+    tok.train_from_iterator(_corpus(fam), trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token=fam.bos, eos_token=fam.eos, pad_token=fam.pad,
+        additional_special_tokens=[t for t in fam.special_tokens if t not in (fam.bos, fam.eos,
+                                                                              fam.pad)],
+        chat_template=fam.template, clean_up_tokenization_spaces=False, model_max_length=4096,
+    )  # fmt: skip
+
+
+def _corpus(fam: Family) -> list[str]:
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.filters["tojson"] = lambda x, indent=None, **_: json.dumps(x, indent=indent)
+    env.globals["raise_exception"] = _raise
+    env.globals["strftime_now"] = lambda f: "26 Jul 2024"
+    template = env.from_string(fam.template)
+    conv = sample_conversation()
+    texts = [fam.template, *CALLS.values(), *MALFORMED.values()]
+    for end in (2, 5, 6):
+        texts.append(
+            template.render(messages=conv[:end], tools=[ADD_SCHEMA], bos_token=fam.bos or "",
+                            eos_token=fam.eos, add_generation_prompt=True)
+        )  # fmt: skip
+    return texts * 20
+
+
+def _raise(message: str) -> None:
+    raise ValueError(message)
+
+
+class FamilyClient:
+    """Scripted model output for a family: ``reply(prompt_ids)`` tokenized, then the
+    family's end-of-turn token (an inference client for the runner)."""
+
+    def __init__(self, tokenizer: Any, reply: Callable[[Sequence[int]], str],
+                 end_of_turn: str, max_model_len: int = 4096) -> None:  # fmt: skip
+        self.tokenizer = tokenizer
+        self.reply = reply
+        self.version = 0
+        self.max_model_len = max_model_len
+        self.eot = tokenizer.convert_tokens_to_ids(end_of_turn)
+        self.calls: list[tuple[list[int], Any]] = []
+
+    async def generate(self, prompt_token_ids: Sequence[int], sampling: Any,
+                       request_id: str) -> Any:  # fmt: skip
+        from agentrl.inference.base import Generation
+
+        ids = [*self.tokenizer.encode(self.reply(prompt_token_ids), add_special_tokens=False),
+               self.eot]  # fmt: skip
+        finish = "stop"
+        if len(ids) > sampling.max_tokens:
+            ids, finish = ids[: sampling.max_tokens], "length"
+        gen = Generation(request_id, tuple(ids), tuple(-0.5 for _ in ids), finish,
+                         self.version, len(prompt_token_ids))  # fmt: skip
+        self.calls.append((list(prompt_token_ids), gen))
+        return gen
