@@ -78,6 +78,11 @@ class RolloutSource(Protocol):
         """Called after the trainer publishes a version: admission may open up."""
         ...
 
+    def generation_idle(self) -> bool:
+        """Whether no episode is being generated right now (the trainer may then use
+        the cores generation leaves idle)."""
+        ...
+
     def resume_admitted(self, count: int) -> None:
         """On resume: count ``count`` episodes as admitted before the restart (the
         trajectories the restored trainer has consumed), so admission goes on from there."""

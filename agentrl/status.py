@@ -118,7 +118,8 @@ class RunStatus:
             "time": {"wall_s": time.perf_counter() - self.started,
                      "generation_s": self.generation_s,
                      "training_s": busy.get("train_s", 0.0),
-                     "publish_s": busy.get("publish_s", 0.0)},
+                     "publish_s": busy.get("publish_s", 0.0),
+                     "micro_steps": trainer.micro_steps if trainer is not None else {}},
             "eval": self.evals, "episodes": live,
             "servers": self._pool.describe() if self._pool is not None else [],
         }  # fmt: skip

@@ -22,6 +22,7 @@ BENCHMARKS = [
     ("overhead", "bench_overhead.py", []),
     ("concurrency", "bench_concurrency.py", []),
     ("weight_update", "bench_weight_update.py", []),
+    ("cpu_trainer", "bench_cpu_trainer.py", []),
 ]
 
 

@@ -344,6 +344,8 @@ class TrainerConfig:
     """Padded tokens per forward/backward pass (gradient accumulation above it)."""
     torch_threads: int | None = 1
     """Threads for the trainer's math on CPU (unset: torch's default)."""
+    borrow_idle_cores: bool = True
+    """On CPU, the trainer uses every core while no episode is being generated."""
     loss: LossConfig = dataclasses.field(default_factory=LossConfig)
     """The objective."""
     lora: LoraConfig = dataclasses.field(default_factory=LoraConfig)

@@ -105,6 +105,11 @@ class Scheduler:
         """Episodes that may still be admitted at the current version (None: unbounded)."""
         return self.staleness.capacity(self.version(), self.batch_size, self.started)
 
+    def generation_idle(self) -> bool:
+        """Whether no episode is being generated (the staleness bound or a full queue
+        holds admission, or there is nothing left to run)."""
+        return self.in_flight == 0
+
     async def notify_version(self) -> None:
         """Call after the trainer publishes a version: admission may open up."""
         async with self._capacity:

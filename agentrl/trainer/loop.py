@@ -86,6 +86,8 @@ class TrainLoop:
         self.group_size = group_size
         self.records: list[StepRecord] = []
         self.busy = {"train_s": 0.0, "publish_s": 0.0}
+        if trainer.config.borrow_idle_cores:  # on CPU: vLLM's core, while generation waits
+            trainer.lend_cores = scheduler.generation_idle
         # one thread for all trainer math, pinned off vLLM's core once
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="trainer", initializer=trainer.pin

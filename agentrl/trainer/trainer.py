@@ -26,7 +26,7 @@ import dataclasses
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -102,6 +102,11 @@ class Trainer:
                 f"taken of logits / temperature)"
             )
         self.config = config or TrainerConfig()
+        self._cores = set(os.sched_getaffinity(0))  # what pin(every_core=True) lends
+        self.lend_cores: Callable[[], bool] | None = None
+        """Asked before each micro-step on CPU: may it use every core (generation idle)?"""
+        self._on_every_core = False
+        self.micro_steps = {"all": 0, "every_core": 0}
         self.temperature = temperature
         torch.manual_seed(seed)
         self.model_path = model_path
@@ -194,19 +199,38 @@ class Trainer:
             return self.model
         return self.accelerator.unwrap_model(self.model)
 
-    def pin(self, cores: set[int] | None = None) -> None:
+    def pin(self, cores: set[int] | None = None, *, every_core: bool = False) -> None:
         """Keep the calling thread (the trainer's) on ``cores`` with few torch threads.
 
         Default: every core but 0 when there are at least two (vLLM's CPU worker binds
         to core 0). See docs/cpu-overlap in the shared docs for the measurements.
+        ``every_core``: lend the trainer every core of the process, one torch thread
+        each, for a step that generation waits for anyway (CPU only; a call without it
+        takes them back).
         """
-        if self.config.torch_threads is not None:
+        if self.device.type != "cpu":
+            return
+        if every_core:
+            cores = self._cores
+            torch.set_num_threads(len(cores))
+        elif self.config.torch_threads is not None:
             torch.set_num_threads(self.config.torch_threads)
-        available = os.sched_getaffinity(0)
         if cores is None:
-            cores = available - {0} if len(available) > 1 else available
+            cores = self._cores - {0} if len(self._cores) > 1 else self._cores
         with contextlib.suppress(OSError):
             os.sched_setaffinity(0, cores)
+
+    def _share_cores(self) -> None:
+        """Before a micro-step: take every core while generation waits for this step,
+        give them back as soon as it runs again (CPU only; ``lend_cores`` decides)."""
+        self.micro_steps["all"] += 1
+        if self.lend_cores is None or self.device.type != "cpu":
+            return
+        lend = self.lend_cores()
+        if lend != self._on_every_core:
+            self.pin(every_core=lend)
+            self._on_every_core = lend
+        self.micro_steps["every_core"] += lend
 
     @property
     def device(self) -> torch.device:
@@ -252,6 +276,7 @@ class Trainer:
         # micro-batch that carries no loss. DDP only syncs in the last backward.
         count = self._micro_step_count(len(batches))
         for i in range(count):
+            self._share_cores()
             with self._sync(last=i == count - 1):
                 if i < len(batches):
                     self._micro_step(batches[i], acc, total_tokens, total_rows, len(batches))
@@ -265,6 +290,9 @@ class Trainer:
             grad_norm = float(self.accelerator.clip_grad_norm_(params, cfg.max_grad_norm))
         else:
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
+        if self._on_every_core:  # give vLLM's core back before generation needs it
+            self._on_every_core = False
+            self.pin()
         faults.point("optimizer_step")
         if total_rows:
             self.optimizer.step()
