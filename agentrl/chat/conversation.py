@@ -27,7 +27,7 @@ rewrites earlier turns keeps one segment.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agentrl.types import NO_VERSION, Message, PartialEpisode, SegmentArrays, SpanKind, TokenSpan
@@ -104,6 +104,7 @@ class Conversation:
         messages: the first messages (system prompt and first observation).
         tools: JSON schemas of the tools, rendered by the template.
         end_of_turn_ids: token ids that end an assistant turn (EOS, ``<|im_end|>``).
+        template_kwargs: variables for every rendering (``model.chat_template_kwargs``).
     """
 
     def __init__(
@@ -113,9 +114,11 @@ class Conversation:
         *,
         tools: list[dict[str, Any]] | None = None,
         end_of_turn_ids: Sequence[int] = (),
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.tools = tools or None
+        self.template_kwargs = dict(template_kwargs or {})
         self.messages: list[Message] = list(messages)
         self.end_of_turn_ids = set(end_of_turn_ids) or _end_of_turn_ids(tokenizer)
         self.segments: list[Segment] = [Segment()]
@@ -126,11 +129,14 @@ class Conversation:
         self.current.append("prompt", 0, self.render(self.messages, add_generation_prompt=True))
 
     @classmethod
-    def restore(cls, tokenizer: Any, partial: PartialEpisode) -> Conversation:
-        """The conversation of a checkpointed episode, token for token (nothing re-rendered)."""
+    def restore(cls, tokenizer: Any, partial: PartialEpisode, *,
+                template_kwargs: Mapping[str, Any] | None = None) -> Conversation:  # fmt: skip
+        """The conversation of a checkpointed episode, token for token (nothing re-rendered);
+        ``template_kwargs`` as in the constructor, for the turns still to come."""
         self = cls.__new__(cls)
         self.tokenizer = tokenizer
         self.tools = partial.tools
+        self.template_kwargs = dict(template_kwargs or {})
         self.messages = [dict(m) for m in partial.messages]
         self.end_of_turn_ids = _end_of_turn_ids(tokenizer)
         self.segments = [Segment.from_arrays(a) for a in partial.segments]
@@ -163,6 +169,7 @@ class Conversation:
             add_generation_prompt=add_generation_prompt,
             tokenize=True,
             return_dict=True,
+            **self.template_kwargs,
         )
         return list(out["input_ids"])
 

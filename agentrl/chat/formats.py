@@ -8,12 +8,16 @@ parser, None when the template shows no tool calls).
 
 ``auto`` reads the chat template (:func:`~agentrl.chat.toolcalls.detect_tool_format`,
 :func:`~agentrl.chat.reasoning.detect_reasoning`); a name picks a vLLM parser by hand.
+``model.chat_template_kwargs`` goes to every rendering (:attr:`ChatFormat.template_kwargs`,
+which the runner hands to each :class:`~agentrl.chat.Conversation`) and to the reasoning
+parser, as vLLM's server does with a request's ``chat_template_kwargs``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from agentrl.chat.conversation import Conversation
@@ -37,6 +41,8 @@ class ChatFormat:
     """Keep sampled turns when the template would rewrite them (``model.keep_thinking``)."""
     detected: bool = True
     """Both came from the chat template (``auto``), not from the config."""
+    template_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    """Variables for every rendering of the chat template (``model.chat_template_kwargs``)."""
 
     def answer(self, text: str) -> str:
         """The part of a turn the env and the tool parser see (thinking removed)."""
@@ -78,13 +84,15 @@ def resolve_chat_format(tokenizer: Any, model: ModelConfig | None = None) -> Cha
         reasoning_name = detect_reasoning(template)
     else:
         reasoning_name = None if model.reasoning == "none" else model.reasoning
+    kwargs = dict(model.chat_template_kwargs)
     tools = _build("model.tool_format", tool_name, ToolCallFormat, tokenizer)
-    reasoning = _build("model.reasoning", reasoning_name, ReasoningFormat, tokenizer)
+    reasoning_format = functools.partial(ReasoningFormat, template_kwargs=kwargs)
+    reasoning = _build("model.reasoning", reasoning_name, reasoning_format, tokenizer)
     detected = model.tool_format == "auto" and model.reasoning == "auto"
-    return ChatFormat(tools, reasoning, model.keep_thinking, detected)  # type: ignore[arg-type]
+    return ChatFormat(tools, reasoning, model.keep_thinking, detected, kwargs)  # type: ignore[arg-type]
 
 
-def _build(key: str, name: str | None, cls: type, tokenizer: Any) -> Any:
+def _build(key: str, name: str | None, cls: Callable[[str, Any], Any], tokenizer: Any) -> Any:
     if name is None:
         return None
     try:

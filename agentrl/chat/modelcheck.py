@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 from agentrl.chat.conversation import Conversation
 from agentrl.chat.formats import ChatFormat, resolve_chat_format
-from agentrl.chat.reasoning import REASONING
+from agentrl.chat.reasoning import REASONING, ReasoningSpec
 from agentrl.chat.toolcalls import FORMATS
 from agentrl.config import EnvConfig, ModelConfig
 from agentrl.errors import ConfigError
@@ -84,7 +85,7 @@ def check_model(tokenizer: Any, *, name: str = "", settings: ModelConfig | None 
     except ConfigError as e:
         return ModelReport(name, (Finding("tool format", "error", str(e), "fix the setting"),))
     findings = [*_formats(chat), _round_trip(tokenizer, chat)]
-    findings += _prefix(tokenizer, chat)
+    findings += _prefix(tokenizer, settings)
     findings += [_special_tokens(tokenizer, chat), *_config_findings(tokenizer, hf_config or {})]
     return ModelReport(name, tuple(findings))
 
@@ -114,20 +115,15 @@ def _formats(chat: ChatFormat) -> list[Finding]:
     return [tools, reasoning]
 
 
-def _render(tokenizer: Any, messages: list[Message], tools: Any, gen: bool) -> list[int]:
-    out = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=gen,
-                                        tokenize=True, return_dict=True)  # fmt: skip
-    return list(out["input_ids"])
-
-
-def rendered_call(tokenizer: Any) -> str:
+def rendered_call(tokenizer: Any, template_kwargs: Mapping[str, Any] | None = None) -> str:
     """The assistant turn of one ``add(a=2, b=3)`` call as the template renders it (as
     text: the tokens of a rendering need not split where the turns meet)."""
     tools = ToolSet([add]).schemas
     turn = [{"role": "assistant", "content": "", "tool_calls": [_CALL]}]
+    kwargs = dict(template_kwargs or {})
     prompt = tokenizer.apply_chat_template(_PROMPT, tools=tools, add_generation_prompt=True,
-                                           tokenize=False)  # fmt: skip
-    full = tokenizer.apply_chat_template(_PROMPT + turn, tools=tools, tokenize=False)
+                                           tokenize=False, **kwargs)  # fmt: skip
+    full = tokenizer.apply_chat_template(_PROMPT + turn, tools=tools, tokenize=False, **kwargs)
     if full.startswith(prompt):
         rest = full[len(prompt) :]
     else:  # the template moves something when the assistant turn is added (Mistral)
@@ -146,7 +142,7 @@ def _round_trip(tokenizer: Any, chat: ChatFormat) -> Finding:
     if chat.tools is None:
         return Finding("round trip", "note", "skipped (no tool format)", "nothing to read")
     try:
-        text = rendered_call(tokenizer)
+        text = rendered_call(tokenizer, chat.template_kwargs)
     except Exception as e:
         return Finding("round trip", "warn", f"the template cannot render a call ({e})",
                        "only the parser's side is used; check the format by hand")  # fmt: skip
@@ -160,37 +156,99 @@ def _round_trip(tokenizer: Any, chat: ChatFormat) -> Finding:
                    "set model.tool_format to the model's format")  # fmt: skip
 
 
-def _prefix(tokenizer: Any, chat: ChatFormat) -> list[Finding]:
+@dataclasses.dataclass(frozen=True, slots=True)
+class HistoryCost:
+    """What the template's handling of the history costs over a tool turn, an answer and
+    a new user turn (the conversation :func:`check_model` simulates)."""
+
+    segments: int
+    """New segments the runner starts (each one a training sequence more)."""
+    tokens: int
+    """Tokens prefilled again for them (the prompts of those segments)."""
+    breaks: tuple[str, ...]
+    """Where the prefix breaks, and the first tokens that differ."""
+
+    def __str__(self) -> str:
+        if not self.segments:
+            return "one sequence"
+        return f"{self.segments} new segment(s), {self.tokens} tokens prefilled again"
+
+
+_THINKING_OFF = "chat_template_kwargs = {enable_thinking = false}"
+_THINKING_OFF_KEPT = f"{_THINKING_OFF} and keep_thinking"
+
+
+def history_costs(tokenizer: Any, settings: ModelConfig) -> dict[str, HistoryCost]:
+    """The cost under ``settings`` ("as set"), with ``model.keep_thinking``, and, for a
+    template that reads ``enable_thinking`` the settings leave unset, with
+    ``{enable_thinking = false}`` without and with keep_thinking.
+
+    Raises:
+        ConfigError: a setting names a parser vLLM does not have.
+        Exception: whatever the template raises on the simulated conversation.
+    """
+    variants = {"as set": settings,
+                "keep_thinking": dataclasses.replace(settings, keep_thinking=True)}  # fmt: skip
+    template = getattr(tokenizer, "chat_template", None)
+    kwargs = settings.chat_template_kwargs
+    if (
+        isinstance(template, str)
+        and "enable_thinking" in template
+        and "enable_thinking" not in kwargs
+    ):
+        off = dataclasses.replace(
+            settings, chat_template_kwargs={**kwargs, "enable_thinking": False}
+        )
+        variants[_THINKING_OFF] = off
+        variants[_THINKING_OFF_KEPT] = dataclasses.replace(off, keep_thinking=True)
+    return {name: _simulate(tokenizer, resolve_chat_format(tokenizer, model))
+            for name, model in variants.items()}  # fmt: skip
+
+
+def _prefix(tokenizer: Any, settings: ModelConfig) -> list[Finding]:
     """Prefix preservation over a tool turn, an answer and a new user turn."""
     try:
-        plain = _simulate(tokenizer, chat, keep=False)
-        kept = _simulate(tokenizer, chat, keep=True)
+        costs = history_costs(tokenizer, settings)
     except Exception as e:
         return [Finding("prefix", "warn", f"could not simulate a conversation ({e})", "-")]
-    segments, tokens, breaks = plain
-    if not breaks:
-        return [Finding("prefix", "ok", "preserved over a tool turn and a new user turn",
-                        "one training sequence per episode")]  # fmt: skip
-    where = "; ".join(breaks)
-    cost = f"{segments} new segment(s), {tokens} tokens prefilled again"
-    if kept[0] == 0:
+    findings = [_prefix_finding(costs["as set"], costs["keep_thinking"])]
+    if _THINKING_OFF in costs:
+        off, both = costs[_THINKING_OFF], costs[_THINKING_OFF_KEPT]
+        found = f"with model.{_THINKING_OFF}: {off}; with keep_thinking too: {both}"
+        if off.segments and not both.segments:
+            action = "the model answers without thinking; set model.keep_thinking = true with it"
+        else:
+            action = "the model answers without thinking"
+        findings.append(Finding("thinking off", "note", found, action))
+    return findings
+
+
+def _prefix_finding(plain: HistoryCost, kept: HistoryCost) -> Finding:
+    if not plain.breaks:
+        return Finding("prefix", "ok", "preserved over a tool turn and a new user turn",
+                       "one training sequence per episode")  # fmt: skip
+    where = "; ".join(plain.breaks)
+    if kept.segments == 0:
         fix = "model.keep_thinking = true keeps one sequence (0 re-prefilled tokens)"
     else:
-        fix = f"model.keep_thinking does not help here ({kept[0]} new segment(s) with it)"
-    return [Finding("prefix", "warn", f"breaks at {where}",
-                    f"the runner starts a new segment there: {cost}; {fix}")]  # fmt: skip
+        fix = f"model.keep_thinking does not help here ({kept.segments} new segment(s) with it)"
+    return Finding("prefix", "warn", f"breaks at {where}",
+                   f"the runner starts a new segment there: {plain}; {fix}")  # fmt: skip
 
 
-def _simulate(tokenizer: Any, chat: ChatFormat, keep: bool) -> tuple[int, int, list[str]]:
+def _simulate(tokenizer: Any, chat: ChatFormat) -> HistoryCost:
     tools = ToolSet([add]).schemas
-    conv = Conversation(tokenizer, list(_PROMPT), tools=tools)
+    conv = Conversation(tokenizer, list(_PROMPT), tools=tools, template_kwargs=chat.template_kwargs)
     eot = tokenizer.eos_token_id
     eot = eot if eot in conv.end_of_turn_ids else min(conv.end_of_turn_ids)
-    think = "<think>\nI should add.\n</think>\n\n" if chat.reasoning else ""
-    call = rendered_call(tokenizer) if chat.tools else "Answer: 5"
+    spec = REASONING.get(chat.reasoning.name) if chat.reasoning else None
+    think = "<think>\nI should add.\n</think>\n\n" if _thinks(conv, spec) else ""
+    call = rendered_call(tokenizer, chat.template_kwargs) if chat.tools else "Answer: 5"
+    if spec is not None:  # without the template's own (empty) thinking
+        call = call.split(spec.end)[-1]
     breaks: list[str] = []
     steps: list[tuple[str, str, list[Message] | None]] = [
-        ("the tool result", think + call.lstrip("\n").removeprefix(think), None),
+        ("the tool result", think + call.lstrip("\n"), None),
         ("the new user turn", think + "Answer: 5", [{"role": "user", "content": "And 4 + 4?"}]),
     ]
     for where, text, new in steps:
@@ -204,10 +262,21 @@ def _simulate(tokenizer: Any, chat: ChatFormat, keep: bool) -> tuple[int, int, l
         before = conv.segments_started
         base = conv.render(conv.messages, add_generation_prompt=False)
         full = conv.render(conv.messages + new, add_generation_prompt=True)
-        conv.add_messages(new, "env", keep_sampled=keep)
+        conv.add_messages(new, "env", keep_sampled=chat.keep_thinking)
         if conv.segments_started > before:
             breaks.append(f"{where} ({_difference(tokenizer, base, full)})")
-    return conv.segments_started, conv.reprefilled_tokens, breaks
+    return HistoryCost(conv.segments_started, conv.reprefilled_tokens, tuple(breaks))
+
+
+def _thinks(conv: Conversation, spec: ReasoningSpec | None) -> bool:
+    """Whether the model writes thinking: the format has it, and the generation prompt
+    does not close it already (Qwen3 with enable_thinking = false)."""
+    if spec is None:
+        return False
+    prompt = conv.render(conv.messages, add_generation_prompt=True)
+    history = conv.render(conv.messages, add_generation_prompt=False)
+    opening = conv.tokenizer.decode(prompt[len(history) :], skip_special_tokens=False)
+    return spec.end not in opening
 
 
 def _difference(tokenizer: Any, base: list[int], full: list[int]) -> str:

@@ -13,13 +13,18 @@ Templates that drop past thinking from the history (Qwen3 drops it at every new 
 turn) are not prefix preserving: the runner starts a new segment there and re-prefills
 the whole conversation. ``model.keep_thinking`` keeps the sampled turns instead (see
 :meth:`agentrl.chat.Conversation.delta_for`): no new segment, at the price of a history
-the template itself would not render.
+the template itself would not render. ``model.chat_template_kwargs`` reaches the parser
+as it reaches every rendering: with Qwen3's ``{enable_thinking = false}`` the generation
+prompt closes an empty thinking block and the parser reads each turn as all answer. That
+does not keep the prefix either (the template writes the empty block for the last turn
+only); ``agentrl check-model`` measures both settings.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Mapping
 from typing import Any
 
 
@@ -70,16 +75,21 @@ class ReasoningFormat:
     Args:
         name: a vLLM reasoning-parser name (``qwen3``, ``deepseek_r1``, ...).
         tokenizer: the model's tokenizer.
+        template_kwargs: the chat-template variables of every rendering
+            (``model.chat_template_kwargs``); the parser reads them as vLLM's server
+            does (Qwen3 with ``enable_thinking = false`` finds no thinking).
 
     Raises:
         KeyError: vLLM has no reasoning parser of that name.
     """
 
-    def __init__(self, name: str, tokenizer: Any) -> None:
+    def __init__(self, name: str, tokenizer: Any,
+                 template_kwargs: Mapping[str, Any] | None = None) -> None:  # fmt: skip
         from vllm.reasoning import ReasoningParserManager
 
         self.name = name
-        self._parser = ReasoningParserManager.get_reasoning_parser(name)(tokenizer)
+        parser = ReasoningParserManager.get_reasoning_parser(name)
+        self._parser = parser(tokenizer, chat_template_kwargs=dict(template_kwargs or {}))
 
     def __repr__(self) -> str:
         return f"ReasoningFormat({self.name!r})"

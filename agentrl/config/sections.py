@@ -78,6 +78,9 @@ class ModelConfig:
     keep_thinking: bool = False
     """Keep past turns as sampled (thinking included) where the template would rewrite
     them: no new segment, but a history the template itself would not render."""
+    chat_template_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Variables for every rendering of the chat template (and the reasoning parser),
+    e.g. {enable_thinking = false} for Qwen3."""
 
     def __post_init__(self) -> None:
         for name in ("tool_format", "reasoning"):
@@ -87,6 +90,16 @@ class ModelConfig:
                     f"model.{name} = {value!r}; use auto or a vLLM parser name "
                     f"(`agentrl check-model MODEL` shows the detected one)"
                 )
+        # apply_chat_template's own arguments: agentrl sets them, they are not variables.
+        taken = {"conversation", "tools", "documents", "chat_template", "add_generation_prompt",
+                 "continue_final_message", "tokenize", "return_dict"}  # fmt: skip
+        for key in self.chat_template_kwargs:
+            if not isinstance(key, str) or not key.isidentifier() or key in taken:
+                raise ConfigError(
+                    f"model.chat_template_kwargs has the key {key!r}; use template variables "
+                    f"such as enable_thinking, not {', '.join(sorted(taken))}"
+                )
+
 
 
 @_frozen

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from agentrl.chat import Conversation, as_messages
+from agentrl.chat.formats import ChatFormat
 from agentrl.config import RolloutConfig
 from agentrl.env import EnvHandle, supports_state
 from agentrl.errors import InfraError
@@ -40,6 +41,7 @@ class EnvCalls:
     metrics: Metrics
     make: Callable[..., Any]
     tokenizer: Any
+    chat: ChatFormat
     _replay_checks: dict[str, int]
     _replay_warned: set[str]
 
@@ -109,8 +111,9 @@ class EnvCalls:
             messages = [{"role": "system", "content": ep.handle.system_prompt}, *messages]
         tools = ep.toolset.schemas or None
         ep.conversation = await self._render(
-            functools.partial(Conversation, self.tokenizer, messages, tools=tools)
-        )
+            functools.partial(Conversation, self.tokenizer, messages, tools=tools,
+                              template_kwargs=self.chat.template_kwargs)
+        )  # fmt: skip
 
     async def _restore(self, ep: EpisodeState, p: PartialEpisode) -> None:
         task = ep.task
@@ -133,7 +136,8 @@ class EnvCalls:
                     "get_state/set_state to make it resumable)",
                 )
             await self._replay_log(ep, p.env_log)
-        ep.conversation = Conversation.restore(self.tokenizer, p)
+        kwargs = self.chat.template_kwargs
+        ep.conversation = Conversation.restore(self.tokenizer, p, template_kwargs=kwargs)
         if p.tools is None:  # a fork built from a trajectory: the env declares them
             ep.conversation.tools = ep.toolset.schemas or None
         ep.rewards = list(p.rewards)

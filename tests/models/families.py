@@ -1,20 +1,33 @@
 """Real model families as test data: their chat templates and special tokens, with a tiny
-local tokenizer (and, for the vLLM tests, a tiny model) built around each.
+local tokenizer (and, for the vLLM tests, a tiny model: :mod:`tests.models.family_model`)
+built around each.
 
 Each folder in ``fixtures/`` holds a family's real chat template (``chat_template.jinja``,
 its source in ``family.json``) and the special tokens its tokenizer carries. No hub is
 reachable here, so the tokenizer is a byte-level BPE trained in well under a second on
 conversations rendered with that template; the special tokens are single tokens, as in
 the real tokenizer, which is what the template, vLLM's parsers and agentrl look up.
+
+Also the episode every family test runs (:class:`AddEnv`: one ``add`` tool, "What is
+2 + 3?"), run by :func:`run_episode` with scripted output or by :func:`run_task` with any
+client, and :func:`assert_token_record`, the check of its token record.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+from agentrl.chat.formats import resolve_chat_format
+from agentrl.config import ModelConfig, RolloutConfig
+from agentrl.env import TextEnv, register_env
+from agentrl.rollout import EpisodeRunner
+from agentrl.tools import Tool
+from agentrl.types import Task, Trajectory
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NAMES = sorted(p.name for p in FIXTURES.iterdir() if (p / "family.json").is_file())
@@ -178,3 +191,134 @@ class FamilyClient:
                          self.version, len(prompt_token_ids))  # fmt: skip
         self.calls.append((list(prompt_token_ids), gen))
         return gen
+
+
+class RecordingClient:
+    """Passes every call to a real inference client and keeps what went in and came out
+    (as :class:`FamilyClient` does for scripted output)."""
+
+    def __init__(self, client: Any, tokenizer: Any, end_of_turn: str) -> None:
+        self.client = client
+        self.eot = tokenizer.convert_tokens_to_ids(end_of_turn)
+        self.calls: list[tuple[list[int], Any]] = []
+
+    @property
+    def version(self) -> int:
+        return int(self.client.version)
+
+    @property
+    def max_model_len(self) -> int:
+        return int(self.client.max_model_len)
+
+    async def generate(self, prompt_token_ids: Sequence[int], sampling: Any,
+                       request_id: str) -> Any:  # fmt: skip
+        gen = await self.client.generate(prompt_token_ids, sampling, request_id)
+        self.calls.append((list(prompt_token_ids), gen))
+        return gen
+
+
+# How the template shows the result "5" of the call, per family.
+RESULT_SHOWN = {
+    "qwen2.5": "<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>",
+    "qwen3": "<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>",
+    "llama3.1": '<|start_header_id|>ipython<|end_header_id|>\n\n"5"<|eot_id|>',
+    "llama3.2": '<|start_header_id|>ipython<|end_header_id|>\n\n"5"<|eot_id|>',
+    "mistral-v0.3": '[TOOL_RESULTS] {"content": 5, "call_id": "t0000c000"}[/TOOL_RESULTS]',
+    "olmo3": "<|im_start|>tool\nFunction add returned:\n5<|im_end|>",
+}
+
+
+class AddEnv(TextEnv):
+    """Asks for 2 + 3 (then, with follow_up, for 4 + 4); rewards 'Answer: N'. The episode
+    is the conversation `agentrl check-model` simulates (the same system prompt)."""
+
+    tools = (add,)
+    system_prompt = "Use the add tool, then answer with 'Answer: N'."
+
+    def __init__(self, follow_up: bool = False) -> None:
+        super().__init__()
+        self.follow_up = follow_up
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        self.asked = 1
+        return "What is 2 + 3?", {}
+
+    def step(self, action: str):
+        right = action.strip() in ("Answer: 5", "Answer: 8")
+        if self.follow_up and self.asked == 1:
+            self.asked = 2
+            return "And 4 + 4?", float(right), False, False, {}
+        return "", float(right), True, False, {}
+
+
+register_env("tests/FamilyAdd-v0", AddEnv)
+
+
+def script(*replies: str) -> Callable[[Sequence[int]], str]:
+    queue = list(replies)
+
+    def reply(prompt_ids: Sequence[int]) -> str:
+        return queue.pop(0)
+
+    return reply
+
+
+async def run_task(
+    client: Any, tokenizer: Any, *, max_tokens: int = 120, model: ModelConfig | None = None,
+    temperature: float = 1.0, **env_kwargs: Any,
+) -> tuple[tuple[Trajectory, ...], EpisodeRunner]:  # fmt: skip
+    """One episode of :class:`AddEnv` against ``client``, read as ``model`` says."""
+    config = RolloutConfig(max_turns=6, max_tool_calls=4, max_tokens_per_turn=max_tokens,
+                           temperature=temperature)  # fmt: skip
+    chat = resolve_chat_format(tokenizer, model)
+    runner = EpisodeRunner(client, tokenizer, config, chat=chat)
+    task = Task("t#0", "tests/FamilyAdd-v0", 0, env_kwargs=env_kwargs)
+    trajectories = await runner.run(task, "t#0/0")
+    return tuple(trajectories), runner
+
+
+async def run_episode(
+    tokenizer: Any, fam: Family, replies: list[str], *, max_tokens: int = 120,
+    model: ModelConfig | None = None, **env_kwargs: Any,
+) -> tuple[tuple[Trajectory, ...], FamilyClient, EpisodeRunner]:  # fmt: skip
+    """One episode of :class:`AddEnv` with ``replies`` as the model's turns."""
+    client = FamilyClient(tokenizer, script(*replies), fam.eos)
+    trajectories, runner = await run_task(client, tokenizer, max_tokens=max_tokens,
+                                          model=model, **env_kwargs)  # fmt: skip
+    return trajectories, client, runner
+
+
+def render(tokenizer: Any, messages: list[dict[str, Any]], gen: bool,
+           **template_kwargs: Any) -> list[int]:  # fmt: skip
+    """The template's tokens for ``messages`` with :class:`AddEnv`'s tool."""
+    tools = [Tool(add).schema]
+    out = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=gen,
+                                        tokenize=True, return_dict=True,
+                                        **template_kwargs)  # fmt: skip
+    return list(out["input_ids"])
+
+
+def assert_token_record(traj: Trajectory, client: Any, tokenizer: Any,
+                        **template_kwargs: Any) -> None:  # fmt: skip
+    """token_ids = the sampled tokens, exactly, plus the template's own renderings
+    (``client``: a :class:`FamilyClient` or :class:`RecordingClient`)."""
+    ids = list(traj.token_ids)
+    spans = list(traj.spans)
+    assert spans[0].start == 0 and spans[-1].end == len(ids)
+    assert all(a.end == b.start for a, b in itertools.pairwise(spans))
+    sampled = [list(g.token_ids) for _, g in client.calls]
+    assert [ids[s.start : s.end] for s in spans if s.kind == "assistant"] == sampled
+    messages = traj.messages
+    at = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    kwargs = template_kwargs
+    assert ids[: spans[0].end] == render(tokenizer, messages[: at[0]], True, **kwargs)
+    eot = client.eot
+    for turn, j in enumerate(at[:-1]):
+        base = render(tokenizer, messages[: j + 1], False, **kwargs)
+        full = render(tokenizer, messages[: at[turn + 1]], True, **kwargs)
+        assert full[: len(base)] == base  # one segment: the template kept the prefix
+        last_eot = max(i for i, t in enumerate(base) if t == eot)
+        expected = base[last_eot + 1 :] + full[len(base) :]
+        between = [s for s in spans if s.kind != "assistant" and s.turn == turn + 1]
+        assert [t for s in between for t in ids[s.start : s.end]] == expected
