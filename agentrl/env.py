@@ -40,6 +40,7 @@ import numpy as np
 from gymnasium import spaces
 
 from agentrl.config import EnvConfig
+from agentrl.config.sections import DATASET_ENV_ID
 from agentrl.errors import ConfigError
 
 Message = dict[str, Any]
@@ -345,10 +346,12 @@ def load_env_plugins() -> None:
     """Import every module of the ``agentrl.envs`` entry-point group (once each).
 
     That is how the library learns env ids without importing any env package itself:
-    a package lists ``[project.entry-points."agentrl.envs"] name = "module"``.
+    a package lists ``[project.entry-points."agentrl.envs"] name = "module"``. It also
+    registers ``agentrl/Dataset-v0`` (:class:`agentrl.dataset_env.DatasetEnv`, by name).
     """
     import importlib.metadata
 
+    register_env(DATASET_ENV_ID, "agentrl.dataset_env:DatasetEnv")
     for entry in importlib.metadata.entry_points(group=ENV_ENTRY_POINTS):
         if entry.value not in _loaded_plugins:
             _loaded_plugins.add(entry.value)

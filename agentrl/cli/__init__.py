@@ -10,6 +10,7 @@ be replayed. Start with:
     agentrl train --resume RUN_DIR           continue a killed or interrupted run
     agentrl top RUN_DIR                      live view of a run (from another terminal)
     agentrl replay RUN_DIR [EPISODE]         list, show, verify, resume or fork episodes
+    agentrl eval MODEL_OR_RUN_DIR --env ID   pass@k and avg@k on held-out tasks
     agentrl config --defaults                every config key with its default
 
 ``agentrl COMMAND --help`` describes each command.
@@ -25,6 +26,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from agentrl.cli.check_model import _check_model
+from agentrl.cli.eval import _eval
 from agentrl.cli.misc import (
     DEMO_QUESTIONS,
     _build_model,
@@ -41,6 +43,7 @@ from agentrl.cli.parsers import (
     _check_model_parser,
     _config_parser,
     _demo_parser,
+    _eval_parser,
     _plot_parser,
     _replay_parser,
     _rollout_parser,
@@ -112,6 +115,7 @@ COMMANDS: dict[str, _Command] = {
     "check-env": _Command(_check_env_parser, _check_env),
     "check-model": _Command(_check_model_parser, _check_model),
     "rollout": _Command(_rollout_parser, _rollout, overrides=True),
+    "eval": _Command(_eval_parser, _eval, overrides=True),
     "config": _Command(_config_parser, _config),
     "train": _Command(_train_parser, _train, overrides=True),
     "serve": _Command(_serve_parser, _serve, overrides=True),

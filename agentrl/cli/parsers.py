@@ -83,6 +83,37 @@ def _rollout_parser(commands: Subparsers) -> None:
     _import_flag(roll, "import this first (registers your env; recorded as env.imports)")
 
 
+def _eval_parser(commands: Subparsers) -> None:
+    ev = commands.add_parser(
+        "eval",
+        help="score a model or a trained run on held-out tasks: pass@k, avg@k, per-task results",
+        description="Run N held-out tasks x k samples through the same scheduler and runner as "
+        "training (nothing trained), record every episode in --out (agentrl replay works on "
+        "it; a killed eval continues with --resume) and write results.json. MODEL may be the "
+        "run directory of `agentrl train`: its final model (or --step S) and its config are "
+        "used. Settings: --config TOML, then --section.key=value overrides, then the flags.",
+    )
+    ev.add_argument("model", nargs="?", metavar="MODEL_OR_RUN_DIR",
+                    help="'tiny', a model folder, a hub name, or a train run "
+                    "directory")  # fmt: skip
+    ev.add_argument("--env", default=None, metavar="ID", help="the env id (default: the run's)")
+    ev.add_argument("--config", default=None, metavar="TOML", help="a config file")
+    _shortcut(ev, "--episodes", "eval.episodes", int, "held-out tasks (N)")
+    _shortcut(ev, "-k", "eval.k", int, "samples per task (pass@k, avg@k)")
+    _shortcut(ev, "--seed", "eval.first_seed", int, "seed of the first task")
+    _shortcut(ev, "--temperature", "eval.temperature", float, "sampling temperature")
+    _shortcut(ev, "--concurrency", "rollout.concurrency", int, "episodes running at once")
+    _shortcut(ev, "--max-turns", "rollout.max_turns", int, "assistant turns per episode")
+    _shortcut(ev, "--max-tokens", "rollout.max_tokens_per_turn", int, "per assistant turn")
+    ev.add_argument("--step", type=int, default=None,
+                    help="a run directory's checkpoint of this step instead of its final "
+                    "model")  # fmt: skip
+    ev.add_argument("--out", default=None, help="eval directory (default runs/eval-TIME)")
+    ev.add_argument("--resume", action="store_true",
+                    help="continue the killed or interrupted eval in --out")  # fmt: skip
+    _import_flag(ev, "import this first (registers your env; recorded as env.imports)")
+
+
 def _config_parser(commands: Subparsers) -> None:
     cfg_cmd = commands.add_parser(
         "config", help="print the config reference: every key, its default and what it does"

@@ -101,6 +101,9 @@ class ModelConfig:
                 )
 
 
+DATASET_ENV_ID = "agentrl/Dataset-v0"
+"""The env of ``env.dataset`` (agentrl.dataset_env.DatasetEnv)."""
+
 
 @_frozen
 class EnvConfig:
@@ -114,6 +117,27 @@ class EnvConfig:
     """Modules or .py files to import first (where your env registers itself)."""
     first_seed: int = 0
     """Training tasks use seeds first_seed, first_seed + 1, ..."""
+    dataset: str = ""
+    """Tasks from a dataset (JSONL/Parquet/CSV file, folder or hub name): id becomes
+    agentrl/Dataset-v0; kwargs give verifier (required), split, prompt_column, tools."""
+
+    def __post_init__(self) -> None:
+        if not self.dataset:
+            return
+        if self.id not in ("", DATASET_ENV_ID):
+            raise ConfigError(
+                f"env.dataset = {self.dataset!r} with env.id = {self.id!r}; "
+                f"leave env.id empty (or {DATASET_ENV_ID!r}) for a dataset"
+            )
+        given = self.kwargs.get("dataset", self.dataset)
+        if given != self.dataset:
+            raise ConfigError(
+                f"env.dataset = {self.dataset!r} but env.kwargs.dataset = {given!r}; "
+                f"give it once, as env.dataset"
+            )
+        # the env id and constructor argument every consumer of [env] reads
+        object.__setattr__(self, "id", DATASET_ENV_ID)
+        object.__setattr__(self, "kwargs", {**self.kwargs, "dataset": self.dataset})
 
 
 @_frozen
@@ -400,9 +424,12 @@ class EvalConfig:
     """Sampling temperature of evaluation episodes."""
     success_reward: float = 1.0
     """An episode succeeds when its total reward is at least this."""
+    k: int = 1
+    """Samples per held-out task in `agentrl eval` (it reports pass@k and avg@k)."""
 
     def __post_init__(self) -> None:
         _at_least("eval", self, 0, "episodes")
+        _at_least("eval", self, 1, "k")
         if not self.temperature >= 0:
             raise ConfigError(f"eval.temperature = {self.temperature!r}; it must be >= 0")
 

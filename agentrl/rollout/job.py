@@ -1,6 +1,7 @@
 """``agentrl rollout``: run an env against a model for N episodes, without training.
 
-For evaluation and data collection. The run directory holds:
+For evaluation and data collection; ``agentrl eval`` is a job of kind "eval" (k samples a
+task as the group, scored by :mod:`agentrl.rollout.evaluation`). The run directory holds:
 
 * ``episodes.db``: the episode store (the source of truth): every task, every episode
   with its state, checkpoints of unfinished episodes (at every turn boundary), and the
@@ -42,6 +43,12 @@ class RolloutJob:
     config: RunConfig
     episodes: int
     out_dir: Path
+    kind: str = ROLLOUT_KIND
+    """What the store records the run as: "rollout", or "eval" (`agentrl eval`)."""
+    adapter: str | None = None
+    """A peft adapter folder served on top of ``config.model.path`` (a LoRA run's model)."""
+    source: str = ""
+    """Where the model came from, in words (recorded; `agentrl eval` says it)."""
 
     @property
     def env_id(self) -> str:
@@ -49,7 +56,8 @@ class RolloutJob:
 
     def settings(self) -> dict[str, Any]:
         """What the store records (a resumed run reuses it): the config and the count."""
-        return {**self.config.to_dict(), "job": {"episodes": self.episodes}}
+        job = {"episodes": self.episodes, "adapter": self.adapter, "source": self.source}
+        return {**self.config.to_dict(), "job": job}
 
 
 def recorded_config(store: EpisodeStore) -> tuple[RunConfig, dict[str, Any]]:
@@ -73,22 +81,27 @@ def recorded_config(store: EpisodeStore) -> tuple[RunConfig, dict[str, Any]]:
         ) from None
 
 
-def resumed_job(out_dir: Path, env_id: str | None = None) -> RolloutJob:
-    """The job recorded in ``out_dir``'s store, to continue it."""
+def resumed_job(out_dir: Path, env_id: str | None = None, *,
+                kind: str = ROLLOUT_KIND) -> RolloutJob:  # fmt: skip
+    """The job recorded in ``out_dir``'s store, to continue it (``kind``: the command
+    that must have written it, "rollout" or "eval")."""
     if not (out_dir / STORE_FILE).exists():
         raise ConfigError(
             f"--resume: {str(out_dir)!r} holds no episode store ({STORE_FILE}); give the run "
-            f"directory of an earlier `agentrl rollout` with --out"
+            f"directory of an earlier `agentrl {kind}` with --out"
         )
     with EpisodeStore.open(out_dir, create=False) as store:
         runs = store.runs()
-        if not runs or runs[0]["kind"] != ROLLOUT_KIND:
-            raise ConfigError(f"--resume: {str(out_dir)!r} was not written by `agentrl rollout`")
+        if not runs or runs[0]["kind"] != kind:
+            raise ConfigError(f"--resume: {str(out_dir)!r} was not written by `agentrl {kind}`")
         config, extras = recorded_config(store)
-    job = RolloutJob(config=config, episodes=int(extras["episodes"]), out_dir=out_dir)
+    job = RolloutJob(config=config, episodes=int(extras["episodes"]), out_dir=out_dir,
+                     kind=kind, adapter=extras.get("adapter"),
+                     source=str(extras.get("source", "")))  # fmt: skip
     if env_id is not None and env_id != job.env_id:
         raise ConfigError(
-            f"--resume: {str(out_dir)!r} is a rollout of {job.env_id!r}, not {env_id!r}"
+            f"--resume: {str(out_dir)!r} is a{'n' if kind == 'eval' else ''} {kind} of "
+            f"{job.env_id!r}, not {env_id!r}"
         )
     return job
 
@@ -112,7 +125,7 @@ async def run_rollout(job: RolloutJob, *, resume: bool = False) -> dict[str, Any
         )
     path, tokenizer = await asyncio.to_thread(_prepare, job, out)
     store = EpisodeStore.open(out)
-    store.begin_run(ROLLOUT_KIND, job.settings())
+    store.begin_run(job.kind, job.settings())
     states = store.task_states()
     all_tasks = list(tasks_for(job.env_id, job.episodes // group_size,
                                first_seed=cfg.env.first_seed, **cfg.env.kwargs))  # fmt: skip
@@ -121,13 +134,21 @@ async def run_rollout(job: RolloutJob, *, resume: bool = False) -> dict[str, Any
     summary: dict[str, Any] = {}
     try:
         if cfg.inference.mode == "server":
+            if job.adapter:
+                raise ConfigError(
+                    f"a LoRA adapter ({job.adapter}) is served in engine mode only; "
+                    f'set --inference.mode="engine"'
+                )
             async with await VLLMServer.start(path, cfg.inference, seed=cfg.run.seed,
                                               log_dir=out / "logs") as server:  # fmt: skip
                 async with VLLMServerClient(server.url, cfg.inference) as client:
                     summary = await _run(job, client, tokenizer, store, todo, already, resume)
         else:
-            async with await VLLMEngineClient.start(path, cfg.inference,
-                                                    seed=cfg.run.seed) as client:  # fmt: skip
+            rank = max(16, cfg.trainer.lora.r) if job.adapter else None
+            async with await VLLMEngineClient.start(path, cfg.inference, seed=cfg.run.seed,
+                                                    max_lora_rank=rank) as client:  # fmt: skip
+                if job.adapter:
+                    await client.load_lora_adapter(job.adapter, version=0)
                 summary = await _run(job, client, tokenizer, store, todo, already, resume)
         summary.update(await asyncio.to_thread(_export, store, out))
     finally:
