@@ -23,6 +23,15 @@ help:
 	@echo "make install  create $(VENV) with pinned versions (idempotent)"
 
 install: $(STAMP)
+	@# OS isolation for model-written code (agentrl.sandbox): bubblewrap, where we may
+	@# install it (root with apt-get). Never fails: agentrl falls back to `unshare`, or
+	@# warns and runs without OS isolation (AGENTRL_SANDBOX=os refuses instead).
+	@command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null 2>&1 || \
+	    { apt-get update -qq >/dev/null 2>&1 && \
+	      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null 2>&1; }; } && \
+	  echo "installed bubblewrap (the sandbox of the python tool)"; } || \
+	  echo "note: bubblewrap is not installed; the python tool's sandbox uses unshare if it can (apt-get install bubblewrap)"
 
 # Re-runs only when pyproject.toml changes, so a second `make install` is instant.
 $(STAMP): pyproject.toml
