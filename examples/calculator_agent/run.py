@@ -55,11 +55,13 @@ class WarmStart:
 
     stages: tuple[tuple[SFTSettings, int, float], ...] = (
         # Copying first: every demonstration uses the tool. The loss breaks through at
-        # about step 180 (copy tokens learned) and is near 0.005 by step 350.
-        (SFTSettings(steps=350, batch_size=16, lr=2e-3, scheduler="constant_with_warmup"),
-         5600, 1.0),
+        # about step 180 (copy tokens learned) and is near 0.02 by step 230. (350 steps
+        # reached 0.005, but RL ends at the same success from either: 96 % measured
+        # with this recipe, 96-97.5 % with 350 + 250 steps; this one is 1/3 cheaper.)
+        (SFTSettings(steps=234, batch_size=16, lr=2e-3, scheduler="constant_with_warmup"),
+         3752, 1.0),
         # Then the mix that sets how often the model reaches for the tool (40 % of demos).
-        (SFTSettings(steps=250, batch_size=16, lr=1e-3, scheduler="cosine"), 4000, 0.40),
+        (SFTSettings(steps=168, batch_size=16, lr=1e-3, scheduler="cosine"), 2680, 0.40),
     )  # fmt: skip
     env_kwargs: tuple[tuple[str, object], ...] = (("max_operand", 49), ("ops", "+-"))
 
