@@ -24,8 +24,8 @@ help:
 
 install: $(STAMP)
 	@# OS isolation for model-written code (agentrl.sandbox): bubblewrap, where we may
-	@# install it (root with apt-get). Never fails: agentrl falls back to `unshare`, or
-	@# warns and runs without OS isolation (AGENTRL_SANDBOX=os refuses instead).
+	@# install it (root with apt-get). Never fails: agentrl falls back to `unshare`; with
+	@# neither, the python tool refuses to run code unless AGENTRL_SANDBOX=fallback allows it.
 	@command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 	  { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null 2>&1 || \
 	    { apt-get update -qq >/dev/null 2>&1 && \

@@ -17,6 +17,10 @@ seeded RNG, so moves that draw at step time are made and replayed.
   observation or a terminated/truncated step, never an exception;
 * ``prefix-preserving``: rendering the conversation with the model's chat template
   after turn k is a token prefix of the rendering after turn k+1.
+
+:func:`tool_sandboxes` is not a rule but a report: for each tool of the env that runs
+model-written code (marked by :func:`agentrl.sandbox.mark_tool`), the sandbox mode it
+runs in on this machine, or why it refuses to run here.
 """
 
 from __future__ import annotations
@@ -35,6 +39,13 @@ import numpy as np
 
 from agentrl.env import load_env_plugins, make_env, supports_state
 from agentrl.errors import ConfigError
+from agentrl.sandbox import (
+    DESCRIPTIONS,
+    Mechanism,
+    SandboxUnavailableError,
+    resolve,
+    tool_policy,
+)
 
 SCRIPT = ("", "Answer: 1", "I think the answer is 42.", "up", "Answer: 0", "left")
 BAD_ACTIONS = ("", "x" * 100_000, "\udcff\x00\ufffd\U0010ffff", "\x07\x1b[2J" * 50,
@@ -46,6 +57,16 @@ class RuleResult:
     rule: str
     passed: bool
     detail: str = ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ToolSandbox:
+    """The sandbox mode one tool that runs model-written code gets on this machine."""
+
+    tool: str
+    mechanism: Mechanism | None
+    """None: the tool's policy refuses to run here (``detail`` says what to install)."""
+    detail: str
 
 
 class EnvCheckError(AssertionError):
@@ -126,6 +147,31 @@ def check_env(
     if raise_on_failure and not all(r.passed for r in results):
         raise EnvCheckError(results)
     return results
+
+
+def tool_sandboxes(
+    env: str | gym.Env[Any, Any] | Callable[[], gym.Env[Any, Any]],
+) -> list[ToolSandbox]:
+    """The sandbox mode of each tool of ``env`` that runs model-written code (none for an
+    env without such tools). Probes the mechanisms once per process."""
+    instance = _factory(env)()
+    try:
+        tools = tuple(getattr(instance.unwrapped, "tools", ()) or ())
+    finally:
+        instance.close()
+    found = []
+    for tool in tools:
+        policy = tool_policy(tool)
+        if policy is None:
+            continue
+        name = getattr(tool, "name", None) or getattr(tool, "__name__", repr(tool))
+        try:
+            mechanism = resolve(policy)
+        except SandboxUnavailableError as e:
+            found.append(ToolSandbox(name, None, f"refuses to run here: {e}"))
+            continue
+        found.append(ToolSandbox(name, mechanism, f"{mechanism}: {DESCRIPTIONS[mechanism]}"))
+    return found
 
 
 def _gymnasium(make: Callable[[], gym.Env[Any, Any]]) -> str | None:

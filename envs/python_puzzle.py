@@ -1,8 +1,9 @@
 """Python puzzles: questions too big for mental arithmetic, a sandboxed Python tool.
 
-The agent may run code with the ``python`` tool (a subprocess sandbox with time,
-memory and process limits) and ends with ``Answer: N``; reward 1 if N is right. The
-env computes the target itself; it never runs the model's code.
+The agent may run code with the ``python`` tool (an OS-level sandbox: namespaces, a
+read-only system, seccomp, time, memory and process limits) and ends with
+``Answer: N``; reward 1 if N is right. The env computes the target itself; it never
+runs the model's code.
 """
 
 from __future__ import annotations

@@ -9,18 +9,20 @@ seccomp filter, a stripped environment, a wall-clock kill, capped output, and a 
 the model; only a missing isolation that the policy demands raises
 (:class:`agentrl.sandbox.SandboxUnavailableError`).
 
-``python`` is the tool with the default policy (the best isolation available, with a
-warning where there is no OS isolation; ``AGENTRL_SANDBOX=os`` refuses then);
+``python`` is the tool with the default policy: the best OS isolation available, and
+a refusal (a tool error naming what to install) where there is none, unless
+``AGENTRL_SANDBOX=fallback`` (or ``process``) allows the weaker plain-process mode.
 :func:`python_tool` makes one with its own policy or limits, e.g.
-``python_tool(SandboxPolicy(isolation="os"))`` for an env that must never run code
-without OS isolation.
+``python_tool(SandboxPolicy(isolation="fallback"))`` for an env that may run code
+without OS isolation. Both are marked (:func:`agentrl.sandbox.mark_tool`), so
+``agentrl check-env`` reports the mode they run in.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from agentrl.sandbox import SandboxLimits, SandboxPolicy, SandboxResult
+from agentrl.sandbox import SandboxLimits, SandboxPolicy, SandboxResult, mark_tool
 from agentrl.sandbox import run_python as _run_sandboxed
 
 __all__ = ["SandboxLimits", "SandboxPolicy", "SandboxResult", "python", "python_tool",
@@ -49,7 +51,7 @@ def python_tool(
         return result.as_text()
 
     python.__qualname__ = "python"  # the default one is then tools.python_sandbox.python
-    return python
+    return mark_tool(python, policy or SandboxPolicy())
 
 
 python = python_tool()

@@ -22,7 +22,7 @@ CALCULATOR_SCHEMA = {
 
 
 def _check_env(args: argparse.Namespace, extra: list[str]) -> int:
-    from agentrl.check import check_env
+    from agentrl.check import check_env, tool_sandboxes
     from agentrl.env import import_env_modules, load_env_plugins
 
     env_id = args.env_id
@@ -31,6 +31,9 @@ def _check_env(args: argparse.Namespace, extra: list[str]) -> int:
     results = check_env(env_id, raise_on_failure=False)
     for r in results:
         print(f"{'PASS' if r.passed else 'FAIL'}  {r.rule:<20} {'' if r.passed else r.detail}")
+    for sandbox in tool_sandboxes(env_id):  # which isolation its model-written code gets
+        label = "tool " + sandbox.tool
+        print(f"{'INFO' if sandbox.mechanism else 'WARN'}  {label:<20} {sandbox.detail}")
     failed = [r.rule for r in results if not r.passed]
     print(
         f"{env_id}: "

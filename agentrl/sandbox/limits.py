@@ -19,15 +19,17 @@ its own user, mount, PID, network, IPC and UTS namespaces with a read-only view 
 system and a size-limited tmpfs as the only writable place: OS isolation. ``process``
 is a plain child process (rlimits, seccomp, the audit hook): no OS isolation."""
 
-IsolationChoice = Literal["auto", "os", "bwrap", "unshare", "process"]
-"""``auto``: the best mechanism that works here, falling back to ``process`` with a
-warning; ``os``: the best one, refusing to run without OS isolation; or one mechanism."""
+IsolationChoice = Literal["auto", "os", "fallback", "bwrap", "unshare", "process"]
+"""``os``: the best OS mechanism that works here, refusing to run without one;
+``fallback``: the same, but running as a plain ``process`` (with a warning) where there
+is none, the weaker mode allowed explicitly; or one mechanism. ``auto`` (the default):
+``$AGENTRL_SANDBOX`` when set, else ``os``."""
 
 MECHANISMS: tuple[Mechanism, ...] = get_args(Mechanism)
 OS_MECHANISMS: tuple[Mechanism, ...] = ("bwrap", "unshare")
 ENV_VAR = "AGENTRL_SANDBOX"
-"""Overrides an ``auto`` policy, e.g. ``AGENTRL_SANDBOX=os`` on a machine that must
-never run model-written code without OS isolation."""
+"""Overrides an ``auto`` policy, e.g. ``AGENTRL_SANDBOX=fallback`` (or ``process``) on a
+machine without OS isolation that may run model-written code without it."""
 
 
 class SandboxUnavailableError(InfraError):
@@ -70,7 +72,8 @@ class SandboxPolicy:
     """What isolation a tool needs and what the run may reach."""
 
     isolation: IsolationChoice = "auto"
-    """See :data:`IsolationChoice`; ``auto`` yields to ``$AGENTRL_SANDBOX`` when set."""
+    """See :data:`IsolationChoice`; ``auto`` is ``$AGENTRL_SANDBOX`` when set, else ``os``
+    (refuse to run without OS isolation)."""
     network: bool = False
     """Let the run reach the host's network (it then shares the host's network
     namespace). Off: its own empty network namespace, and no sockets at all."""

@@ -3,12 +3,15 @@
 :func:`resolve` turns a :class:`SandboxPolicy` into the mechanism in force: it tries
 each mechanism once per process with a trivial program (``bwrap``, then ``unshare``),
 logs which one it uses and why the others failed, and raises
-:class:`SandboxUnavailableError`, naming what to install, when the policy demands OS
-isolation that this machine cannot give. :func:`run_python` starts the run in a new
-session, writes the program to its stdin, keeps at most ``max_output_bytes`` of its
-output and, at the deadline or when the output is cut, kills the whole process group;
-the mechanisms' PID namespaces take everything inside down with their first process.
-Nothing here raises for a failing program: its failure is the result.
+:class:`SandboxUnavailableError` when the policy demands OS isolation (the default) that
+this machine cannot give, naming what to install and how to allow the weaker mode.
+:func:`mark_tool` and :func:`tool_policy` let a tool say that it runs model-written code
+and under which policy (``agentrl check-env`` reports it). :func:`run_python` starts the
+run in a new session, writes the program to its stdin, keeps at most
+``max_output_bytes`` of its output and, at the deadline or when the output is cut,
+kills the whole process group; the mechanisms' PID namespaces take everything inside
+down with their first process. Nothing here raises for a failing program: its failure
+is the result.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ import shutil
 import signal
 import subprocess
 import tempfile
-from typing import cast, get_args
+from collections.abc import Callable
+from typing import Any, TypeVar, cast, get_args
 
 from agentrl.sandbox.inside import ARCHES as SECCOMP_ARCHES
 from agentrl.sandbox.isolation import command
@@ -52,12 +56,38 @@ DESCRIPTIONS: dict[Mechanism, str] = {
     "where this user can write",
 }
 INSTALL_HINT = (
-    "install bubblewrap (Debian/Ubuntu: `apt-get install bubblewrap`; `make install` does "
-    "it when run as root) or allow unprivileged user namespaces "
-    "(`sysctl kernel.unprivileged_userns_clone=1`, `user.max_user_namespaces` > 0)"
+    "install bubblewrap with the system package manager (Debian/Ubuntu: `apt-get install "
+    "bubblewrap`, Fedora: `dnf install bubblewrap`; `make install` does it when run as "
+    "root), or allow unprivileged user namespaces for util-linux `unshare` (`sysctl "
+    "kernel.unprivileged_userns_clone=1`, `user.max_user_namespaces` > 0; on Ubuntu 24.04 "
+    "also `kernel.apparmor_restrict_unprivileged_userns=0`)"
+)
+WEAKER_HINT = (
+    f"To run it without OS isolation (weaker: the code can read what this user can read): "
+    f"{ENV_VAR}=fallback (OS isolation where there is some, else a plain process) or "
+    f"{ENV_VAR}=process, or isolation='fallback' in the tool's SandboxPolicy"
 )
 _PROBE_TIMEOUT_S = 30.0
 _REAP_TIMEOUT_S = 10.0
+
+
+TOOL_ATTRIBUTE = "agentrl_sandbox"
+"""The attribute of a tool function that holds its :class:`SandboxPolicy`."""
+ToolFn = TypeVar("ToolFn", bound=Callable[..., Any])
+
+
+def mark_tool(fn: ToolFn, policy: SandboxPolicy) -> ToolFn:
+    """Declare that the tool ``fn`` runs model-written code in the sandbox under
+    ``policy``, so that ``agentrl check-env`` reports the mode it runs in here."""
+    setattr(fn, TOOL_ATTRIBUTE, policy)
+    return fn
+
+
+def tool_policy(tool: object) -> SandboxPolicy | None:
+    """The policy ``tool`` (a function, or an :class:`agentrl.tools.Tool` holding one as
+    ``fn``) was marked with by :func:`mark_tool`; None for a tool that runs no code."""
+    policy = getattr(getattr(tool, "fn", tool), TOOL_ATTRIBUTE, None)
+    return policy if isinstance(policy, SandboxPolicy) else None
 
 
 @functools.cache
@@ -94,9 +124,8 @@ def _announce(mechanism: Mechanism, failures: tuple[str, ...]) -> None:
         logger.warning("sandbox: model-written code runs as asked, as %s", DESCRIPTIONS[mechanism])
     else:
         logger.warning(
-            "sandbox: no OS isolation available%s; model-written code runs as %s. To fix: %s. "
-            "To refuse to run without it: %s=os.", why, DESCRIPTIONS[mechanism], INSTALL_HINT,
-            ENV_VAR,
+            "sandbox: no OS isolation available%s; model-written code runs, as isolation "
+            "'fallback' allows, as %s. To fix: %s.", why, DESCRIPTIONS[mechanism], INSTALL_HINT,
         )  # fmt: skip
 
 
@@ -105,7 +134,7 @@ def resolve(policy: SandboxPolicy) -> Mechanism:
 
     Raises:
         SandboxUnavailableError: the policy names a mechanism, or demands OS isolation
-            (``os``), that does not work here.
+            (``os``, the default), that does not work here.
     """
     choice = _choice(policy)
     if choice in MECHANISMS:
@@ -124,23 +153,22 @@ def resolve(policy: SandboxPolicy) -> Mechanism:
         failures.append(failure)
     if choice == "os":
         raise SandboxUnavailableError(
-            f"no OS isolation for model-written code on this machine ({'; '.join(failures)}). "
-            f"To fix: {INSTALL_HINT}. To run it without OS isolation (weaker): isolation "
-            f"'auto' or 'process' (SandboxPolicy.isolation, or {ENV_VAR} under 'auto')."
+            f"no OS isolation for model-written code on this machine ({'; '.join(failures)}), "
+            f"so the sandbox refuses to run it. To fix: {INSTALL_HINT}. {WEAKER_HINT}."
         )
     _announce("process", tuple(failures))
     return "process"
 
 
 def _choice(policy: SandboxPolicy) -> IsolationChoice:
-    """The policy's isolation, or ``$AGENTRL_SANDBOX`` where the policy says ``auto``."""
+    """The policy's isolation; where it says ``auto``, ``$AGENTRL_SANDBOX`` or else ``os``."""
     if policy.isolation != "auto":
         return policy.isolation
-    value = os.environ.get(ENV_VAR) or "auto"
-    if value not in get_args(IsolationChoice):
+    value = os.environ.get(ENV_VAR) or "os"
+    if value == "auto" or value not in get_args(IsolationChoice):
         raise SandboxUnavailableError(
             f"{ENV_VAR}={value!r} is not a sandbox setting; "
-            f"expected one of {list(get_args(IsolationChoice))}"
+            f"expected one of {list(get_args(IsolationChoice))[1:]}"
         )
     return cast(IsolationChoice, value)
 

@@ -1,4 +1,4 @@
-"""The escape suite: each attack of :mod:`tests.tools.escapes` runs through the
+"""The escape suite: each attack of :mod:`tests.faults.escapes` runs through the
 ``python`` tool as a model calls it (``ToolSet.call``), once per sandbox mechanism.
 
 The audit hook is off (``SandboxPolicy(audit_hook=False)``) except for the attacks on
@@ -29,7 +29,7 @@ from agentrl.lifecycle import descendants
 from agentrl.sandbox import SandboxLimits, SandboxPolicy, probe
 from agentrl.sandbox.isolation import environment
 from agentrl.tools import ToolCall, ToolSet
-from tests.tools.escapes import ATTACKS, Attack, Host
+from tests.faults.escapes import ATTACKS, Attack, Host
 from tools.python_sandbox import python_tool
 
 LIMITS = SandboxLimits(wall_s=3.0, cpu_s=1, max_disk_bytes=4 * 2**20, max_files=512,
