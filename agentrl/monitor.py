@@ -71,13 +71,18 @@ class MetricsLog:
             trackio_module.init(project="agentrl", name=name, config=config)
 
     def log(self, step: int, values: Mapping[str, Any], *, kind: str = "train") -> None:
-        row = {"kind": kind, "step": step, "time": time.time(), **values}
+        """One row of ``kind`` ("train": a step's row; "eval": an evaluation's, at the
+        step it started after) to every sink; the numbers also as ``KIND/NAME`` scalars."""
+        row = {"kind": kind, "time": time.time(), **values, "step": step}
         self._file.write(json.dumps(row, default=_jsonable) + "\n")
         self._file.flush()
         scalars = {
             f"{kind}/{k}": float(v)
             for k, v in values.items()
-            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+            if isinstance(v, int | float)
+            and not isinstance(v, bool)
+            and math.isfinite(v)
+            and k != "step"
         }
         if self._tb is not None:
             for name, value in scalars.items():
@@ -205,9 +210,13 @@ def render(status: Mapping[str, Any], *, episodes: bool = True, limit: int = 30)
     for label, value in headline(status):
         head.add_row(label, value)
     for label, ev in (status.get("eval") or {}).items():
-        head.add_row(f"eval {label}", f"success {_fmt(ev.get('success_rate'), '.1%')}  tool use "
-                     f"{_fmt(ev.get('tool_use_rate'), '.1%')}  ({ev.get('episodes', 0)} episodes, "
-                     f"version {ev.get('version', '?')})")  # fmt: skip
+        head.add_row(f"eval {label}", eval_cell(ev))
+    running = status.get("eval_running")
+    if running:
+        head.add_row(
+            f"eval {running.get('label', '')}",
+            f"running beside training ({running.get('in_flight', 0)} in flight)",
+        )
     parts: list[Any] = [f"[bold]{title}[/]  {status.get('run_dir', '')}", head]
     if episodes:
         live = list(status.get("episodes", []))
@@ -233,6 +242,17 @@ def render(status: Mapping[str, Any], *, episodes: bool = True, limit: int = 30)
     return RichGroup(*parts)
 
 
+def eval_cell(ev: Mapping[str, Any]) -> str:
+    """An evaluation's row (``status.json``'s ``eval``) in a few words."""
+    k = int(ev.get("k", 1))
+    pass_k = f"  pass@{k} {_fmt(ev.get(f'pass@{k}'), '.1%')}" if k > 1 else ""
+    return (
+        f"success {_fmt(ev.get('success_rate'), '.1%')}{pass_k}  tool use "
+        f"{_fmt(ev.get('tool_use_rate'), '.1%')}  ({ev.get('episodes', 0)} episodes, "
+        f"step {ev.get('step', '?')}, version {ev.get('version', '?')})"
+    )
+
+
 def plain_line(status: Mapping[str, Any]) -> str:
     """One line per step for logs and non-terminals."""
     t = status.get("time", {})
@@ -247,6 +267,7 @@ def plain_line(status: Mapping[str, Any]) -> str:
         f"{sum(status.get('errors', {}).values())}  gen/train "
         f"{t.get('generation_s', 0.0):.0f}s/{t.get('training_s', 0.0):.0f}s"
         + _servers_up(status.get("servers") or [])
+        + ("  eval running" if status.get("eval_running") else "")
     )
 
 

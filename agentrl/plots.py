@@ -1,13 +1,31 @@
-"""PNG plots of a run from its ``metrics.jsonl``: reward, staleness, throughput.
+"""PNG plots of a run from its ``metrics.jsonl``: reward, staleness, throughput, eval.
+
+``eval.png`` (only when the run evaluated) draws the held-out success rate and pass@k
+of every evaluation at the step it started after: before (step 0), every
+``eval.every`` steps, after (the last step); :func:`eval_series` is its data.
 
 agentrl plot RUN_DIR        # also written at the end of every `agentrl train`
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from agentrl.monitor import read_metrics
+
+
+def eval_series(evals: Sequence[Mapping[str, Any]]) -> dict[str, list[tuple[int, float]]]:
+    """The curves of ``eval.png`` from the eval rows: success rate, then each pass@j
+    (j > 1), as (step, value) points in step order."""
+    curves: dict[str, list[tuple[int, float]]] = {"success rate": []}
+    for ev in sorted(evals, key=lambda e: int(e["step"])):
+        curves["success rate"].append((int(ev["step"]), float(ev.get("success_rate", "nan"))))
+        for key, value in ev.items():
+            if key.startswith("pass@") and key != "pass@1":
+                curves.setdefault(key, []).append((int(ev["step"]), float(value)))
+    return curves
 
 
 def write_plots(run_dir: str | Path) -> list[Path]:
@@ -62,8 +80,26 @@ def write_plots(run_dir: str | Path) -> list[Path]:
     ax.grid(alpha=0.3)
     ax.legend()
     written.append(_save(fig, out / "throughput.png"))
+    if evals:
+        written.append(_plot_evals(plt, evals, out / "eval.png"))
     plt.close("all")
     return written
+
+
+def _plot_evals(plt: Any, evals: Sequence[Mapping[str, Any]], path: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, points in eval_series(evals).items():
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
+    for ev in evals:
+        if ev.get("label") in ("before", "after"):
+            ax.annotate(ev["label"], (ev["step"], ev.get("success_rate", 0)),
+                        textcoords="offset points", xytext=(4, 6), fontsize=8)  # fmt: skip
+    episodes = evals[-1].get("episodes", "?")
+    ax.set(xlabel="optimizer step", ylabel="rate", ylim=(-0.02, 1.05),
+           title=f"Held-out evaluation ({episodes} episodes each)")  # fmt: skip
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    return _save(fig, path)
 
 
 def _save(fig, path: Path) -> Path:

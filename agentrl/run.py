@@ -35,7 +35,7 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,15 +44,16 @@ from agentrl.env import check_env_config, import_env_modules, load_env_plugins
 from agentrl.errors import ConfigError, InfraError, RunDirError
 from agentrl.metrics import LoopLagMonitor, Metrics, tune_gc
 from agentrl.monitor import MetricsLog, live_display, plain_line
-from agentrl.status import Reporter, RunStatus, eval_line, eval_summary
-from agentrl.trace import EVAL, Tracer
+from agentrl.periodic_eval import DURING, PeriodicEval, evaluate
+from agentrl.status import Reporter, RunStatus, eval_line
+from agentrl.trace import Tracer
 
 if TYPE_CHECKING:
     from agentrl.inference import InferenceClient, ServerPool
     from agentrl.store import EpisodeStore
     from agentrl.trainer.loop import StepRecord, TrainLoop
     from agentrl.trainer.trainer import Trainer
-    from agentrl.types import Group, Task
+    from agentrl.types import Task
 
 logger = logging.getLogger(__name__)
 
@@ -275,8 +276,16 @@ async def _train(out: _RunOutput, model_path: str, store: EpisodeStore, display:
         weights_dir = await asyncio.to_thread(_weights_dir, cfg.inference.weights_dir)
         publisher = WeightPublisher(trainer, controller, directory=weights_dir)
         stack.callback(publisher.close)
+
+        def beside(step: int) -> Awaitable[Any]:  # episodes wait at training's gate too
+            return _evaluate(out, client, trainer, DURING, step=step, admission=runner.admission)
+
+        periodic = await stack.enter_async_context(
+            PeriodicEval(cfg.eval.every, cfg.train.steps, beside)
+        )
         loop = TrainLoop(trainer, publisher, scheduler, queue, cfg.train, store=store,
-                         checkpoint_dir=out.run_dir / "checkpoints", on_step=_on_step(out, display),
+                         checkpoint_dir=out.run_dir / "checkpoints",
+                         on_step=_on_step(out, display, periodic),
                          tracer=tracer, group_size=cfg.rollout.group_size)  # fmt: skip
         status.attach(trainer=trainer, runner=runner, queue=queue, loop=loop, pool=pool)
         tune_gc()
@@ -288,7 +297,8 @@ async def _train(out: _RunOutput, model_path: str, store: EpisodeStore, display:
             ticker = tg.create_task(status.ticker(display), name="status")
             lag = LoopLagMonitor(status.metrics).start()
             try:
-                await _evaluate_train_evaluate(out, client, trainer, loop, store, result)
+                await _evaluate_train_evaluate(out, client, trainer, loop, store, result,
+                                               periodic)  # fmt: skip
             finally:
                 await lag.stop()
                 ticker.cancel()
@@ -314,8 +324,10 @@ async def _start_trainer(cfg: RunConfig, model_path: str, accelerator: Any, resu
     return trainer
 
 
-def _on_step(out: _RunOutput, display: Any) -> Callable[[StepRecord], None]:
-    """After each optimizer step: the metrics row, and a plain line without a live display."""
+def _on_step(out: _RunOutput, display: Any,
+             periodic: PeriodicEval) -> Callable[[StepRecord], None]:  # fmt: skip
+    """After each optimizer step: the metrics row, a plain line without a live display,
+    and the evaluation beside training when one is due (``eval.every``)."""
     progress = out.config.log.progress
     plain = progress == "plain" or (progress == "auto" and display is None)
 
@@ -323,14 +335,16 @@ def _on_step(out: _RunOutput, display: Any) -> Callable[[StepRecord], None]:
         out.log.log(record.stats.step, out.status.record_step(record))
         if plain:
             out.reporter.say(plain_line(out.status.refresh()))
+        periodic.step(record.stats.step)
 
     return on_step
 
 
 async def _evaluate_train_evaluate(out: _RunOutput, client: InferenceClient, trainer: Trainer,
-                                   loop: TrainLoop, store: EpisodeStore,
-                                   result: TrainResult) -> None:  # fmt: skip
-    """Evaluate (on a fresh run), train to ``train.steps``, save the model, evaluate."""
+                                   loop: TrainLoop, store: EpisodeStore, result: TrainResult,
+                                   periodic: PeriodicEval) -> None:  # fmt: skip
+    """Evaluate (on a fresh run), train to ``train.steps`` (evaluating beside it every
+    ``eval.every`` steps), save the model, evaluate."""
     from agentrl.trainer.checkpoint import save_checkpoint, save_model
 
     cfg, status = out.config, out.status
@@ -341,6 +355,7 @@ async def _evaluate_train_evaluate(out: _RunOutput, client: InferenceClient, tra
     gen0, t_loop = status.generation_s, time.perf_counter()
     await loop.run(tasks)
     result.loop_s = time.perf_counter() - t_loop
+    await periodic.wait()  # the last one beside training ends before the one after it
     result.busy = {"generation_s": status.generation_s - gen0, **loop.busy}
     every = cfg.train.checkpoint_every
     if trainer.step and (not every or trainer.step % every) and not trainer.sharded:
@@ -361,47 +376,18 @@ def _pending_tasks(cfg: RunConfig, store: EpisodeStore) -> Iterator[Task]:
             if states.get(t.task_id, "pending") == "pending")  # fmt: skip
 
 
-async def _evaluate(out: _RunOutput, client: InferenceClient, trainer: Trainer,
-                    label: str) -> dict[str, Any]:  # fmt: skip
+async def _evaluate(out: _RunOutput, client: InferenceClient, trainer: Trainer, label: str, *,
+                    step: int | None = None, admission: asyncio.Event | None = None
+                    ) -> dict[str, Any]:  # fmt: skip
+    """Run one evaluation (:func:`agentrl.periodic_eval.evaluate`) and record its row."""
+    step = trainer.step if step is None else step
     summary = await evaluate(out.config, client, trainer.tokenizer, label, trainer.version,
-                             tracer=out.tracer, status=out.status)  # fmt: skip
+                             step=step, tracer=out.tracer, status=out.status,
+                             admission=admission)  # fmt: skip
     out.status.evaluated(summary)
-    out.log.log(trainer.step, summary, kind="eval")
+    out.log.log(step, summary, kind="eval")
     out.reporter.say(eval_line(summary))
     return summary
-
-
-async def evaluate(config: RunConfig, client: InferenceClient, tokenizer: Any, label: str,
-                   version: int, *, tracer: Tracer | None = None,
-                   status: RunStatus | None = None) -> dict[str, Any]:  # fmt: skip
-    """Run ``eval.episodes`` held-out episodes (one per seed) under the current weights.
-
-    They go through the same :class:`~agentrl.rollout.Scheduler` as training, one
-    episode per group (at most ``rollout.concurrency`` at once), with no store, no
-    staleness bound and no retries; episode ids are ``eval-LABEL-SEED/0``.
-    """
-    from agentrl.chat.formats import resolve_chat_format
-    from agentrl.queue import TrajectoryQueue
-    from agentrl.rollout import EpisodeRunner, Scheduler, tasks_for
-
-    rollout = dataclasses.replace(config.rollout, temperature=config.eval.temperature,
-                                  group_size=1, max_retries=0)  # fmt: skip
-    runner = EpisodeRunner(client, tokenizer, rollout, metrics=Metrics(), tracer=tracer,
-                           chat=resolve_chat_format(tokenizer, config.model))  # fmt: skip
-    runner.trace_pid = EVAL
-    if status is not None:
-        status.evaluating(label, runner)
-    seeds = tasks_for(config.env.id, config.eval.episodes, first_seed=config.eval.first_seed,
-                      **config.env.kwargs)  # fmt: skip
-    tasks = [dataclasses.replace(t, task_id=f"eval-{label}-{t.seed}") for t in seeds]
-    groups: list[Group] = []
-    scheduler = Scheduler(runner, TrajectoryQueue(max(len(tasks), 1)), rollout,
-                          on_group=groups.append)  # fmt: skip
-    t0 = time.perf_counter()
-    await scheduler.run(tasks)
-    return eval_summary(label, version, [g.trajectories for g in groups],
-                        success_reward=config.eval.success_reward,
-                        wall_s=time.perf_counter() - t0)  # fmt: skip
 
 
 def _close(out: _RunOutput, store: EpisodeStore) -> None:

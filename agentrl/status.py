@@ -65,6 +65,9 @@ class RunStatus:
         self.last: dict[str, Any] = {}
         """The last step's metrics row."""
         self.evals: dict[str, dict[str, Any]] = {}
+        """The last evaluation of each label ("before", "during", "after")."""
+        self.eval_running: str | None = None
+        """The label of an evaluation running beside training (``eval.every``), if any."""
         self._prev_tokens = 0.0
         self._prev_time = time.perf_counter()
         self._trainer: Trainer | None = None
@@ -80,14 +83,22 @@ class RunStatus:
         self._trainer, self._runner, self._queue = trainer, runner, queue
         self._loop, self._pool = loop, pool
 
-    def evaluating(self, label: str, runner: EpisodeRunner) -> None:
-        """An evaluation starts; its episodes count as generation time too."""
-        self.state = f"evaluating ({label})"
+    def evaluating(self, label: str, runner: EpisodeRunner, *, beside: bool = False) -> None:
+        """An evaluation starts; its episodes count as generation time too.
+
+        ``beside``: it runs beside training (``eval.every``), which keeps the run's state.
+        """
+        if beside:
+            self.eval_running = label
+        else:
+            self.state = f"evaluating ({label})"
         self._eval_runner = runner
 
     def evaluated(self, summary: dict[str, Any]) -> None:
-        """An evaluation ended (``summary["label"]``: "before" or "after")."""
+        """An evaluation ended (``summary["label"]``: "before", "during" or "after")."""
         self.evals[summary["label"]] = summary
+        if self.eval_running == summary["label"]:
+            self.eval_running = None
 
     def snapshot(self) -> dict[str, Any]:
         """What ``status.json`` holds: the headline numbers and every in-flight episode."""
@@ -121,6 +132,9 @@ class RunStatus:
                      "publish_s": busy.get("publish_s", 0.0),
                      "micro_steps": trainer.micro_steps if trainer is not None else {}},
             "eval": self.evals, "episodes": live,
+            "eval_running": self.eval_running and {
+                "label": self.eval_running,
+                "in_flight": len(self._eval_runner.live) if self._eval_runner else 0},
             "servers": self._pool.describe() if self._pool is not None else [],
         }  # fmt: skip
 
@@ -196,24 +210,34 @@ class RunStatus:
         return values
 
 
-def eval_summary(label: str, version: int, episodes: Sequence[Sequence[Trajectory]], *,
-                 success_reward: float, wall_s: float) -> dict[str, Any]:  # fmt: skip
+def eval_summary(label: str, step: int, version: int, trajectories: Sequence[Trajectory], *,
+                 k: int, success_reward: float, wall_s: float) -> dict[str, Any]:  # fmt: skip
     """The row of one evaluation (``metrics.jsonl`` kind "eval", ``status.json``).
 
     Args:
-        label: "before" or "after" (training).
-        version: the policy version evaluated.
-        episodes: each episode's trajectories (several if its template re-segmented).
+        label: "before", "during" (``eval.every``) or "after" (training).
+        step: the optimizer step it was started after.
+        version: the policy version it started with (one beside training may end on a
+            newer one: ``version_last`` is the newest that sampled a token).
+        trajectories: every ended trajectory (an episode's segments are joined by id).
+        k: samples per task: pass@j for j = 1, 2, 4, ... k, and avg@k (see
+            :mod:`agentrl.rollout.evaluation`).
         success_reward: a final reward at least this counts as a success.
         wall_s: how long the evaluation took.
     """
-    finals = [trajectories[-1] for trajectories in episodes]
+    from agentrl.rollout.evaluation import eval_report
+
+    report = eval_report(trajectories, env_id="", model="", k=k, success_reward=success_reward)
+    figures = report.summary()
+    finals = {t.episode_id: t for t in sorted(trajectories, key=lambda t: t.segment)}.values()
+    newest = max((int(t.versions.max()) for t in trajectories if len(t.versions)), default=-1)
     return {
-        "label": label, "version": version, "episodes": len(finals),
+        "label": label, "step": step, "version": version,
+        "version_last": max(newest, version),
+        "tasks": len(report.tasks), "episodes": report.episodes, "k": k,
         "success_rate": _mean([t.reward >= success_reward for t in finals]),
-        "tool_use_rate": _mean([any(s.kind == "tool" for t in trajectories for s in t.spans)
-                                for trajectories in episodes]),
-        "reward_mean": _mean([t.reward for t in finals]),
+        **{key: figures[key] for key in figures if key.startswith(("pass@", "avg@"))},
+        "tool_use_rate": figures["tool_use_rate"], "reward_mean": figures["reward_mean"],
         "failed": sum(t.status == "failed" for t in finals),
         "truncated": sum(t.status == "truncated" for t in finals),
         "wall_s": wall_s,
@@ -221,11 +245,14 @@ def eval_summary(label: str, version: int, episodes: Sequence[Sequence[Trajector
 
 
 def eval_line(summary: Mapping[str, Any]) -> str:
-    """One line for an evaluation (see :func:`agentrl.run.evaluate`)."""
+    """One line for an evaluation (see :func:`agentrl.periodic_eval.evaluate`)."""
     ev = summary
-    return (f"eval {ev['label']} (version {ev['version']}, {ev['episodes']} held-out episodes): "
-            f"success {ev['success_rate']:.1%}, tool use {ev['tool_use_rate']:.1%}, "
-            f"mean reward {ev['reward_mean']:.3f}")  # fmt: skip
+    k = ev.get("k", 1)
+    at = f"step {ev['step']}, " if ev["label"] == "during" else ""
+    scores = f", pass@{k} {ev[f'pass@{k}']:.1%}" if k > 1 else ""
+    return (f"eval {ev['label']} ({at}version {ev['version']}, {ev['episodes']} held-out "
+            f"episodes): success {ev['success_rate']:.1%}{scores}, tool use "
+            f"{ev['tool_use_rate']:.1%}, mean reward {ev['reward_mean']:.3f}")  # fmt: skip
 
 
 def _mean(values: list[Any]) -> float:

@@ -414,7 +414,7 @@ class TrainConfig:
 
 @_frozen
 class EvalConfig:
-    """``[eval]``: held-out evaluation before and after training."""
+    """``[eval]``: held-out evaluation before, during (``every``) and after training."""
 
     episodes: int = 0
     """Held-out episodes evaluated before and after training (0: no evaluation)."""
@@ -425,11 +425,20 @@ class EvalConfig:
     success_reward: float = 1.0
     """An episode succeeds when its total reward is at least this."""
     k: int = 1
-    """Samples per held-out task in `agentrl eval` (it reports pass@k and avg@k)."""
+    """Samples per held-out task (pass@k and avg@k): `agentrl eval` and train's evaluations."""
+    every: int = 0
+    """Also evaluate every N optimizer steps while training, beside it on the same engine
+    (0: only before and after)."""
 
     def __post_init__(self) -> None:
         _at_least("eval", self, 0, "episodes")
         _at_least("eval", self, 1, "k")
+        _at_least("eval", self, 0, "every")
+        if self.every and not self.episodes:
+            raise ConfigError(
+                f"eval.every = {self.every} needs held-out episodes; set eval.episodes >= 1 "
+                f"(it is 0) or eval.every = 0"
+            )
         if not self.temperature >= 0:
             raise ConfigError(f"eval.temperature = {self.temperature!r}; it must be >= 0")
 
