@@ -69,7 +69,7 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     }
     imports = [LEDGER] if env == "user" else []
     if kind == "rollout":
-        args = [AGENTRL, "rollout", ENVS[env], "--episodes", "16", "--group-size", "2",
+        args = [AGENTRL, "rollout", ENVS[env], "--episodes", "24", "--group-size", "2",
                 "--concurrency", "8", "--max-turns", "4", "--max-tokens", "16",
                 "--out", str(out), *(a for i in imports for a in ("--import", i))]  # fmt: skip
     else:
