@@ -385,6 +385,10 @@ class VLLMServerClient(VLLMClientBase):
                 self._inflight.extend(request_id, ids, lps)
                 if choice.get("finish_reason"):
                     finish_reason = choice["finish_reason"]
+            # A stream already buffered in full is read without awaiting anything: yield
+            # once per chunk so a caller woken by these tokens (an abort, a pause) runs
+            # before the rest of the stream is consumed, and the loop stays responsive.
+            await asyncio.sleep(0)
         return finish_reason if finish_reason in ("stop", "length") else "abort"
 
     async def reload_weights(
