@@ -104,11 +104,14 @@ def mount_workdir(workdir: str, disk: dict, owner: int) -> None:
     _mount("tmpfs", workdir, "tmpfs", MS_NOSUID | MS_NODEV, options)
 
 
-def enter_new_root(root: dict, workdir: str, disk: dict) -> None:
+def enter_new_root(root: dict, workdir: str, disk: dict, uid: int | None) -> None:
     """Build the sandbox's file system at ``root["mountpoint"]`` and switch into it.
 
     Runs as root of a new user namespace, in new mount and PID namespaces (``unshare
-    --user --map-root-user --mount --pid --fork``); mount propagation is private.
+    --user --map-root-user --mount --pid --fork``); mount propagation is private. When
+    agentrl runs as root (``uid`` set), there is no user namespace yet: it builds the
+    root as real root, then becomes that uid on the host before it enters one (uid 65534
+    of a namespace made by root would be root outside).
     """
     new = root["mountpoint"]
     _mount("tmpfs", new, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=1024,mode=0755")
@@ -122,15 +125,33 @@ def enter_new_root(root: dict, workdir: str, disk: dict) -> None:
         open(new + device, "a").close()
         _mount(device, new + device, None, MS_BIND)
     os.makedirs(new + workdir)
-    mount_workdir(new + workdir, disk, owner=0)
+    mount_workdir(new + workdir, disk, owner=0 if uid is None else uid)
     os.makedirs(new + "/proc")
     _mount("proc", new + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    for part in ("/proc/sys", "/proc/sysrq-trigger"):  # kernel settings: read-only
+        if os.path.exists(new + part):
+            _bind_readonly(new + part, new + part)
     os.chdir(new)
     _mount(new, "/", None, MS_MOVE)
     os.chroot(".")
     _mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
     os.chdir(workdir)
-    _enter_user_namespace(NOBODY, 0, CLONE_NEWUSER)
+    if uid is not None:
+        _become_host_user(uid)
+    _enter_user_namespace(NOBODY, 0 if uid is None else uid, CLONE_NEWUSER)
+
+
+def _become_host_user(uid: int) -> None:
+    """From real root: empty the capability bounding set, then become ``uid`` (and gid)
+    with no supplementary groups; the kernel clears every capability on that change.
+    The caller then enters a user namespace as that uid (inner 65534)."""
+    _drop_bounding_set()
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+    # The change made the process undumpable, which makes /proc/self root's: writing
+    # its uid_map would then fail. No core dumps either way (RLIMIT_CORE 0).
+    _call("prctl(PR_SET_DUMPABLE)", _libc().prctl(4, 1, 0, 0, 0))
 
 
 def run_below_init() -> None:
@@ -147,10 +168,13 @@ def run_below_init() -> None:
             os._exit(128 - code if code < 0 else code)
 
 
-def limit_bwrap_workdir(workdir: str, disk: dict) -> None:
+def limit_bwrap_workdir(workdir: str, disk: dict, uid: int | None) -> None:
     """bubblewrap's tmpfs has a size but no inode limit: mount one that has both over
     it, from a nested user and mount namespace (its capabilities reach only that
-    namespace's own mounts, and are dropped right after)."""
+    namespace's own mounts, and are dropped right after). As root (``uid`` set), bwrap
+    made no user namespace: become that uid on the host first."""
+    if uid is not None:
+        _become_host_user(uid)
     _enter_user_namespace(NOBODY, os.getuid(), CLONE_NEWUSER | CLONE_NEWNS, drop=False)
     mount_workdir(workdir, disk, owner=NOBODY)
     os.chdir(workdir)
@@ -177,12 +201,16 @@ class _CapData(ctypes.Structure):
     _fields_ = [(name, ctypes.c_uint32) for name in ("effective", "permitted", "inheritable")]
 
 
-def _drop_capabilities() -> None:
+def _drop_bounding_set() -> None:
     pr_capbset_drop, pr_cap_ambient, ambient_clear_all = 24, 47, 4
     for cap in range(64):
         if _libc().prctl(pr_capbset_drop, cap, 0, 0, 0) != 0:
             break  # EINVAL: past the last capability this kernel knows
     _libc().prctl(pr_cap_ambient, ambient_clear_all, 0, 0, 0)
+
+
+def _drop_capabilities() -> None:
+    _drop_bounding_set()
     header = _CapHeader(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3
     _call("capset", _libc().capset(ctypes.byref(header), (_CapData * 2)()))
 
@@ -402,10 +430,10 @@ def main(argv: list[str]) -> None:
     # (json would pull in re, a tenth of the start-up of a trivial program).
     spec = marshal.loads(bytes.fromhex(argv[1]))
     if spec["mechanism"] == "unshare":
-        enter_new_root(spec["root"], spec["workdir"], spec["disk"])
+        enter_new_root(spec["root"], spec["workdir"], spec["disk"], spec["host_uid"])
         run_below_init()
     elif spec["mechanism"] == "bwrap":
-        limit_bwrap_workdir(spec["workdir"], spec["disk"])
+        limit_bwrap_workdir(spec["workdir"], spec["disk"], spec["host_uid"])
     if spec["mechanism"] != "process":
         _check_sealed()
     source = read_program()

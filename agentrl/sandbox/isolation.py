@@ -48,6 +48,22 @@ class Command:
     env: dict[str, str]
 
 
+HOST_UID = 65534
+"""The host uid and gid sandboxed code runs as when agentrl runs as root (``nobody``).
+
+As root, a user namespace alone is not enough: uid 65534 inside it is uid 0 outside, and
+the kernel checks files such as ``/proc/sys/kernel/core_pattern`` against the host uid.
+So as root neither mechanism makes a user namespace first: each builds the sandbox's
+root as real root, then the program inside becomes this uid on the host, with every
+capability gone, before it enters a user namespace of its own (``inside.py``)."""
+
+
+def host_uid() -> int | None:
+    """The host uid the sandbox must drop to: :data:`HOST_UID` as root, else None (an
+    unprivileged user's sandbox runs as that user outside its user namespace)."""
+    return HOST_UID if os.geteuid() == 0 else None
+
+
 @functools.cache
 def system_view(network: bool) -> View:
     """``/usr``, the top-level links or folders beside it, the interpreter's prefixes
@@ -103,6 +119,8 @@ def command(
         "limits": {name: getattr(limits, name) for name in (
             "cpu_s", "memory_bytes", "max_file_bytes", "max_open_files", "max_processes")},
     }  # fmt: skip
+    if mechanism != "process":
+        spec["host_uid"] = host_uid()
     if mechanism == "unshare":
         view = system_view(policy.network)
         spec["root"] = {"mountpoint": host_dir, "binds": view.binds,
@@ -122,25 +140,39 @@ def command(
 
 def _bwrap(limits: SandboxLimits, policy: SandboxPolicy, env: dict[str, str]) -> list[str]:
     view = system_view(policy.network)
-    argv = [shutil.which("bwrap") or "bwrap", "--unshare-user", "--unshare-pid",
+    argv = [shutil.which("bwrap") or "bwrap", "--unshare-pid",
             "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]  # fmt: skip
     if not policy.network:
         argv.append("--unshare-net")
-    argv += ["--uid", "65534", "--gid", "65534", "--hostname", "sandbox", "--die-with-parent",
-             "--new-session", "--cap-drop", "ALL", "--clearenv"]  # fmt: skip
+    if host_uid() is None:
+        argv += ["--unshare-user", "--uid", "65534", "--gid", "65534", "--cap-drop", "ALL"]
+    else:  # as root: only what the program needs to become HOST_UID, gone right after
+        argv += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
+                 "--cap-add", "CAP_SETPCAP"]  # fmt: skip
+    argv += ["--hostname", "sandbox", "--die-with-parent", "--new-session", "--clearenv"]
     for key, value in env.items():
         argv += ["--setenv", key, value]
+    # bwrap makes a bind's missing parents 0700: uid 65534 could not pass /root to reach
+    # an interpreter under /root/.pyenv. Make them 0755 first (empty folders of its tmpfs).
+    parents = {str(p) for path in view.binds for p in Path(path).parents if str(p) != "/"}
+    for parent in sorted(parents, key=lambda p: p.count("/")):
+        argv += ["--perms", "0755", "--dir", parent]
     for path in view.binds:
         argv += ["--ro-bind", path, path]
     for path, target in view.symlinks:
         argv += ["--symlink", target, path]
     # /dev gets a few nodes on its own tmpfs: read-only, so it cannot be written to fill.
     argv += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev"]
+    if host_uid() is not None:  # kernel settings read-only, whatever uid is inside
+        argv += ["--ro-bind", "/proc/sys", "/proc/sys"]
     argv += ["--size", str(limits.max_disk_bytes), "--perms", "0700", "--tmpfs", WORKDIR]
     return [*argv, "--chdir", WORKDIR, "--remount-ro", "/"]
 
 
 def _unshare(policy: SandboxPolicy) -> list[str]:
-    argv = [shutil.which("unshare") or "unshare", "--user", "--map-root-user", "--mount",
+    # As root, no user namespace here: the program builds its root as real root, then
+    # drops to HOST_UID (inside.enter_new_root); otherwise it is root of a new one.
+    user = ["--user", "--map-root-user"] if host_uid() is None else []
+    argv = [shutil.which("unshare") or "unshare", *user, "--mount",
             "--pid", "--fork", "--kill-child", "--ipc", "--uts", "--cgroup"]  # fmt: skip
     return argv if policy.network else [*argv, "--net"]

@@ -12,6 +12,7 @@ it runs with the hook on.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -117,6 +118,19 @@ def _victim_intact(out: str, host: Host) -> list[str]:
 
 def _no_shadow(out: str, host: Host) -> list[str]:
     return ["/etc/shadow was read"] if host.shadow_line in out else []
+
+
+def _kernel_settings_changed(said: dict) -> list[str]:
+    """A host sysctl the program says it wrote (put back here), or sysrq reached."""
+    found = []
+    for path in ("/proc/sys/kernel/core_uses_pid", "/proc/sys/vm/swappiness"):
+        if said.get(path) == repr("written"):
+            found.append(f"{path} was written on the host")
+            with contextlib.suppress(OSError):
+                Path(path).write_text(said["before " + path])
+    if "sysrq" in said and not said["sysrq"].startswith("failed"):
+        found.append("/proc/sysrq-trigger was written")
+    return found
 
 
 PROLOGUE = "import ctypes, json, os, signal, socket, subprocess, sys\nreport = {}\n"
@@ -457,6 +471,23 @@ attempt("write", lambda: open($target, "w").write("escaped"))
         hook=True,
     ),
     _attack(
+        "change the host kernel's settings (/proc/sys, sysrq) as root outside the namespace",
+        """
+def flip(path):
+    with open(path) as f:
+        before = f.read().strip()
+    report["before " + path] = before
+    with open(path, "w") as f:
+        f.write(str(1 - int(before) if before in ("0", "1") else 60))
+    return "written"
+for path in ("/proc/sys/kernel/core_uses_pid", "/proc/sys/vm/swappiness"):
+    attempt(path, lambda: flip(path))
+attempt("sysrq", lambda: open("/proc/sysrq-trigger", "w").write("h"))
+attempt("uid_map", lambda: open("/proc/self/uid_map").read())
+""",
+        lambda out, host: _kernel_settings_changed(report(out)),
+    ),
+    _attack(
         "flood the output",
         """
 sys.stdout.write("x" * 100_000_000)
@@ -485,7 +516,13 @@ except OSError:
     pass
 print("lingering", flush=True)
 """,
-        lambda out, host: [] if "wall-clock" in out else ["the deadline did not fire"],
+        # As a user (not root), the plain process's RLIMIT_NPROC counts all of that
+        # user's processes, so its thread may be refused at once: contained too.
+        lambda out, host: (
+            []
+            if "wall-clock" in out or "can't start new thread" in out
+            else ["the deadline did not fire"]
+        ),
         process=True,
     ),
 ]

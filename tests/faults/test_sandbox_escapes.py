@@ -18,6 +18,7 @@ import secrets
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -29,7 +30,7 @@ from agentrl.lifecycle import descendants
 from agentrl.sandbox import SandboxLimits, SandboxPolicy, probe
 from agentrl.sandbox.isolation import environment
 from agentrl.tools import ToolCall, ToolSet
-from tests.faults.escapes import ATTACKS, Attack, Host
+from tests.faults.escapes import ATTACKS, ROOT, Attack, Host
 from tools.python_sandbox import python_tool
 
 LIMITS = SandboxLimits(wall_s=3.0, cpu_s=1, max_disk_bytes=4 * 2**20, max_files=512,
@@ -131,3 +132,49 @@ async def test_attack_is_contained(
     record_fault(f"sandbox escape ({mechanism}): {attack.name}", injected=1,
                  survived=int(not breaches), lost=0)  # fmt: skip
     assert not breaches, f"{attack.name} got out of {mechanism}: {breaches}\n{out[-2000:]}"
+
+
+def _python_for(uid: int) -> str | None:
+    """An interpreter of this Python version that ``uid`` can start: this one when it
+    can (a system Python), else the distribution's (pyenv keeps its own under /root)."""
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    for candidate in (sys.executable, os.path.realpath(sys.executable),
+                      f"/usr/bin/python{version}", f"/usr/local/bin/python{version}"):  # fmt: skip
+        try:
+            said = subprocess.run(
+                [candidate, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                capture_output=True, text=True, timeout=30, user=uid, group=uid,
+                extra_groups=[], cwd="/",
+            )  # fmt: skip
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if said.returncode == 0 and said.stdout.strip() == version:
+            return candidate
+    return None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="run as root: it re-runs the suite as uid 65534")
+def test_the_suite_holds_as_an_unprivileged_user() -> None:
+    """The whole suite again as uid 65534 (not root: the sandbox is then built in user
+    namespaces of that uid, the path a user's laptop takes), every case run, none
+    skipped. The venv's packages are reached by PYTHONPATH from a system interpreter
+    of the same version when the venv's own sits where that uid cannot go."""
+    nobody = 65534
+    python = _python_for(nobody)
+    if python is None:
+        pytest.skip(f"no Python {sys.version_info[:2]} that uid {nobody} can start")
+    site = [p for p in sys.path if p.endswith("site-packages") and os.path.isdir(p)]
+    path = os.pathsep.join([str(ROOT), *site])
+    env = {"PATH": "/usr/bin:/bin", "HOME": tempfile.gettempdir(), "LANG": "C.UTF-8",
+           "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": path}  # fmt: skip
+    done = subprocess.run(
+        [python, "-m", "pytest", "-q", "-rfs", "--tb=short", "-p", "no:cacheprovider",
+         "-k", "contained", str(ROOT / "tests/faults/test_sandbox_escapes.py")],
+        capture_output=True, text=True, timeout=900, user=nobody, group=nobody,
+        extra_groups=[], cwd=str(ROOT), env=env,
+    )  # fmt: skip
+    said = done.stdout + done.stderr  # without the fault table's rows
+    tail = "\n".join(line for line in said.splitlines() if not line.startswith("|"))[-4000:]
+    assert done.returncode == 0, tail
+    expected = len(CASES)
+    assert f"{expected} passed" in tail and "skipped" not in tail, tail
