@@ -110,9 +110,10 @@ def _policy(run_dir: Path, config: RunConfig, step: int | None) -> Policy:
         final = run_dir / "model"
         if not final.is_dir():
             raise ConfigError(f"{run_dir} has no final model yet ({final}); give --step S")
-        policy = recorded_policy(run_dir, config, "train", version=2**62)
-        return dataclasses.replace(policy, label=f"{run_dir}: final model (version "
-                                                 f"{policy.version})")  # fmt: skip
+        policy = recorded_policy(run_dir, config, "train", version=2**62)  # model/
+        version = _final_version(run_dir)
+        return dataclasses.replace(policy, version=version,
+                                   label=f"{run_dir}: final model (version {version})")  # fmt: skip
     meta = run_dir / "checkpoints" / f"step-{step:06d}" / "trainer.json"
     if not meta.is_file():
         kept = sorted(p.name for p in (run_dir / "checkpoints").glob("step-*"))
@@ -120,6 +121,17 @@ def _policy(run_dir: Path, config: RunConfig, step: int | None) -> Policy:
     version = int(json.loads(meta.read_text())["version"])
     policy = recorded_policy(run_dir, config, "train", version)
     return dataclasses.replace(policy, label=f"{run_dir}: step {step} (version {version})")
+
+
+def _final_version(run_dir: Path) -> int:
+    """The version of a train run's final model: its status file's (written as the run
+    ends), else the newest kept checkpoint's."""
+    from agentrl.replay.policy import newest_version
+
+    try:
+        return int(json.loads((run_dir / "status.json").read_text())["version"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return newest_version(run_dir / "checkpoints", 0)
 
 
 def _kept(policy: Policy, out: Path) -> str:

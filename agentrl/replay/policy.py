@@ -130,7 +130,7 @@ def recorded_policy(run_dir: Path, config: RunConfig, kind: str, version: int) -
         return _assembled(folder, base, label, version)
     final = run_dir / "model"
     if final.is_dir():
-        newest = _newest_version(run_dir / "checkpoints", version)
+        newest = newest_version(run_dir / "checkpoints", version)
         label = (f"the run's final model ({final}, version {newest}); no checkpoint of "
                  f"version {version}, which sampled this episode, was kept")  # fmt: skip
         if (final / "adapter_config.json").exists():
@@ -139,7 +139,7 @@ def recorded_policy(run_dir: Path, config: RunConfig, kind: str, version: int) -
     return Policy(base, None, f"the run's base model ({base}); the run saved no weights yet")
 
 
-def _newest_version(root: Path, at_least: int) -> int:
+def newest_version(root: Path, at_least: int) -> int:
     """The version of the newest kept checkpoint (the final model's), at least ``at_least``."""
     versions = [at_least]
     for meta in root.glob("step-*/trainer.json"):
