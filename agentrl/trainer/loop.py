@@ -86,6 +86,8 @@ class TrainLoop:
         self.group_size = group_size
         self.records: list[StepRecord] = []
         self.busy = {"train_s": 0.0, "publish_s": 0.0}
+        self._consumed: int | None = None  # the last step whose groups the store marked
+        self._checkpointed: int | None = None
         if trainer.config.borrow_idle_cores:  # on CPU: vLLM's core, while generation waits
             trainer.lend_cores = scheduler.generation_idle
         # one thread for all trainer math, pinned off vLLM's core once
@@ -129,6 +131,9 @@ class TrainLoop:
             else:
                 await self._run_async(tasks, remaining)
             return self.records
+        except asyncio.CancelledError:  # stopped (Ctrl-C, SIGTERM): keep a due checkpoint
+            await self._checkpoint_on_stop()
+            raise
         finally:
             if self.trainer.world > 1:  # release the followers
                 from agentrl.trainer.distributed import broadcast_groups
@@ -137,6 +142,35 @@ class TrainLoop:
                     self._executor, broadcast_groups, None, self.trainer.accelerator
                 )
             self._executor.shutdown(wait=True)
+
+    def _checkpoint_due(self) -> bool:
+        """The trainer's step is a ``checkpoint_every`` step not yet saved."""
+        every, step = self.config.checkpoint_every, self.trainer.step
+        return bool(self.checkpoint_dir is not None and every and step % every == 0
+                    and step > 0 and self._checkpointed != step)  # fmt: skip
+
+    def _save_now(self) -> None:
+        assert self.checkpoint_dir is not None
+        save_checkpoint(self.trainer, self.checkpoint_dir)
+        self._checkpointed = self.trainer.step
+
+    async def _save_checkpoint(self) -> None:
+        # On the trainer's thread: a stop waits for a save in flight, never races it.
+        with self.tracer.section("checkpoint", TRAINER, CHECKPOINT_LANE):
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._save_now)
+
+    async def _checkpoint_on_stop(self) -> None:
+        """A stop that landed between a checkpoint step's optimizer step and its save
+        (publishing, say) still writes that checkpoint, once the step's thread is done
+        and only if the store has marked the step's groups (else the checkpoint would
+        hold groups that ``--resume`` trains again). A second signal or the grace period
+        ends it at once; the previous checkpoint stays intact (writes are atomic)."""
+        if self.trainer.world > 1 or self.checkpoint_dir is None:
+            return
+        await asyncio.to_thread(self._executor.shutdown, True)  # the step in flight ends
+        if self._consumed == self.trainer.step and self._checkpoint_due():
+            await asyncio.to_thread(self._save_now)
+            logger.info("stopped: wrote the due checkpoint of step %d", self.trainer.step)
 
     async def _run_async(self, tasks: Iterable[Task], steps: int) -> None:
         async with asyncio.TaskGroup() as tg:
@@ -177,6 +211,7 @@ class TrainLoop:
                          {"tokens": stats.tokens, "loss": stats.loss}, cat="train")  # fmt: skip
         if self.store is not None:
             await asyncio.to_thread(self.store.mark_consumed, groups, self.trainer.step)
+        self._consumed = self.trainer.step
         t1 = time.perf_counter()
         published = await self.publisher.publish()
         t2 = time.perf_counter()
@@ -184,10 +219,8 @@ class TrainLoop:
         self.tracer.span(f"weight sync v{published.version}", TRAINER, SYNC_LANE, t1, t2,
                          published.update.as_dict(), cat="sync")  # fmt: skip
         await self.scheduler.notify_version()
-        every = self.config.checkpoint_every
-        if self.checkpoint_dir is not None and every and self.trainer.step % every == 0:
-            with self.tracer.section("checkpoint", TRAINER, CHECKPOINT_LANE):
-                await asyncio.to_thread(save_checkpoint, self.trainer, self.checkpoint_dir)
+        if self._checkpoint_due():
+            await self._save_checkpoint()
         record = StepRecord(stats, published, train_s, groups)
         self.records.append(record)
         if self.on_step is not None:
