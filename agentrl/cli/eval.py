@@ -73,6 +73,7 @@ def _new_job(args: argparse.Namespace, extra: list[str]) -> RolloutJob:
     policy = _policy(run_dir, config, args.step) if is_run else None
     if args.step is not None and policy is None:
         raise ConfigError(f"--step needs a run directory of `agentrl train`; {args.model!r} is not")
+    _check_k(config)  # before _kept writes into OUT: a refused -k leaves OUT as it was
     out = Path(args.out or f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}")
     model = _kept(policy, out) if policy else args.model
     config = _eval_config(config, model)
@@ -81,17 +82,22 @@ def _new_job(args: argparse.Namespace, extra: list[str]) -> RolloutJob:
                       source=policy.label if policy else args.model)  # fmt: skip
 
 
+def _check_k(config: RunConfig) -> None:
+    from agentrl.errors import ConfigError
+
+    if config.eval.k > config.rollout.concurrency:
+        raise ConfigError(
+            f"-k {config.eval.k} (eval.k) must be at most --concurrency "
+            f"{config.rollout.concurrency} (rollout.concurrency): a task's k samples run at "
+            f"the same time"
+        )
+
+
 def _eval_config(config: RunConfig, model: str) -> RunConfig:
     """The config the episodes run under: k samples a task (the group), the eval
     temperature, held-out seeds from eval.first_seed, ``model`` sampling."""
-    from agentrl.errors import ConfigError
-
     ev = config.eval
-    if ev.k > config.rollout.concurrency:
-        raise ConfigError(
-            f"-k {ev.k} (eval.k) must be at most --concurrency {config.rollout.concurrency} "
-            f"(rollout.concurrency): a task's k samples run at the same time"
-        )
+    _check_k(config)
     return dataclasses.replace(
         config,
         model=dataclasses.replace(config.model, path=model),

@@ -74,6 +74,15 @@ def test_step_assembles_the_checkpoint_inside_the_eval_directory(
         job(str(run_dir), "--step", "7", "--out", str(tmp_path / "ev2"))
 
 
+@pytest.mark.timeout(120)
+def test_a_refused_k_leaves_the_eval_directory_untouched(run_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "ev"
+    with pytest.raises(ConfigError, match=r"-k 32 \(eval.k\) must be at most --concurrency 16"):
+        job(str(run_dir), "--step", "2", "-k", "32", "--out", str(out))
+    assert not out.exists()  # the same --out works once -k is fixed
+    assert job(str(run_dir), "--step", "2", "-k", "4", "--out", str(out)).config.eval.k == 4
+
+
 @pytest.mark.timeout(60)
 def test_clear_errors_before_anything_starts(tmp_path: Path) -> None:
     out = ["--out", str(tmp_path / "ev")]
