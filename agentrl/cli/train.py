@@ -90,5 +90,11 @@ def _serve(args: argparse.Namespace, extra: list[str]) -> int:
                                   args.host, seed=cfg.run.seed,
                                   max_lora_rank=lora_rank(cfg))  # fmt: skip
     print(f"agentrl serve: {' '.join(command)}", flush=True)
+    # vLLM handles SIGTERM itself (a graceful shutdown of its engine); the watchdog,
+    # started before the exec, watches this PID (then vLLM's) and stops the engine
+    # processes it leaves if it is SIGKILLed.
+    from agentrl.lifecycle import ensure_reaper
+
+    ensure_reaper()
     os.execve(command[0], command, env)
     return 0  # not reached

@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from agentrl.config.sections import JobConfig
 from tests.faults.harness import (
     AGENTRL,
     Proc,
@@ -68,13 +69,13 @@ def _nothing_left(mark: str, within_s: float) -> dict[int, str]:
 def _sigterm_three_times_then_resume(tmp_path: Path, model_cache: Path, mode: str,
                                      record_fault: Any) -> None:  # fmt: skip
     run_dir, config = tmp_path / "run", digits_config(tmp_path, steps=STEPS)
-    grace = 60
+    grace = JobConfig().stop_grace_s  # the default a job scheduler meets (25 s)
     audits, stops = [], []
     for i, fault in enumerate(STOPS):
         mark = uuid.uuid4().hex
         env = agentrl_env(model_cache, AGENTRL_FAULTS=f"{fault}=TERM", **{MARK: mark})
         args = ([AGENTRL, "train", str(config), f'--run.out="{run_dir}"',
-                 f'--inference.mode="{mode}"', f"--run.stop_grace_s={grace}"] if i == 0
+                 f'--inference.mode="{mode}"'] if i == 0
                 else [AGENTRL, "train", "--resume", str(run_dir)])  # fmt: skip
         proc = Proc(args, tmp_path / f"stop-{i}.log", env)
         wait_until(lambda p=proc: "fault injection: SIGTERM" in p.text() or p.poll() is not None,
@@ -191,3 +192,43 @@ def test_sigterm_stops_a_rollout_cleanly_then_resume_finishes(
                  lost=len(report["lost"]))  # fmt: skip
     assert report["ok"] and not report["lost"], report
     assert finished == 24, finished
+
+
+@pytest.mark.soak
+@pytest.mark.vllm
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("signum", [15, 9], ids=["SIGTERM", "SIGKILL"])
+def test_agentrl_serve_leaves_nothing_behind(
+    tmp_path: Path, model_cache: Path, record_fault: Any, signum: int
+) -> None:
+    """`agentrl serve` becomes `vllm serve` (exec): SIGTERM is vLLM's graceful shutdown;
+    after a SIGKILL the watchdog started before the exec stops the engine process."""
+    import urllib.request
+
+    from agentrl.net import free_port
+
+    port, mark = free_port(), uuid.uuid4().hex
+    proc = Proc([AGENTRL, "serve", str(digits_config(tmp_path)), "--port", str(port)],
+                tmp_path / "serve.log", agentrl_env(model_cache, **{MARK: mark}))  # fmt: skip
+
+    def up() -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    try:
+        wait_until(up, "vllm serve up", 600, proc)
+        assert len(_marked(mark)) >= 2, _marked(mark)  # the server and its engine
+        t0 = time.monotonic()
+        os.kill(proc.pid, signum)
+        proc.proc.wait(60)
+        left = _nothing_left(mark, 15)
+        took = time.monotonic() - t0
+        name = {15: "SIGTERM", 9: "SIGKILL"}[signum]
+        record_fault(f"{name} of `agentrl serve`: its processes gone in {took:.1f} s",
+                     injected=1, survived=int(not left), lost=0)  # fmt: skip
+        assert not left, f"still running 15 s after the {name}: {left}"
+    finally:
+        proc.kill()
