@@ -3,7 +3,7 @@
     python examples/dataset_tasks/make_data.py [OUT_DIR]     # default: data/ beside this file
 
 Each row: ``question`` (the prompt), ``answer`` (an int). The two splits hold different
-problems (seeded), so ``split = "test"`` is held out.
+problems (seeded; no test question appears in train), so ``split = "test"`` is held out.
 """
 
 from __future__ import annotations
@@ -32,11 +32,18 @@ def problem(rng: random.Random) -> dict[str, object]:
 def write(out: Path, train: int = 1000, test: int = 200) -> Path:
     """Write ``train.jsonl`` and ``test.jsonl`` under ``out``; return ``out``."""
     out.mkdir(parents=True, exist_ok=True)
-    for name, count, seed in (("train", train, 0), ("test", test, 1)):
-        rng = random.Random(seed)
+    rng = random.Random(1)
+    held_out = [problem(rng) for _ in range(test)]
+    questions = {row["question"] for row in held_out}
+    rng, rows = random.Random(0), []
+    while len(rows) < train:  # the test split's questions never appear in train
+        row = problem(rng)
+        if row["question"] not in questions:
+            rows.append(row)
+    for name, split in (("train", rows), ("test", held_out)):
         with (out / f"{name}.jsonl").open("w") as f:
-            for _ in range(count):
-                f.write(json.dumps(problem(rng)) + "\n")
+            for row in split:
+                f.write(json.dumps(row) + "\n")
     return out
 
 
