@@ -2,8 +2,9 @@
 
 {rollout run, train run} x {a shipped env, an env registered only by a user module
 passed with --import / env.imports} x {show, --verify, --fork-at, --resume, --export},
-through the real CLI and real vLLM. Each run is SIGKILLed part-way (a named fault
-point) so that it holds unfinished episodes to --resume, as a crashed run does.
+through the real CLI and real vLLM. Each run is SIGKILLed part-way (a train run at a
+named fault point, a rollout once its store holds ended and unfinished episodes) so that
+it holds unfinished episodes to --resume, as a crashed run does.
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -62,11 +65,9 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     kind, env = request.param
     tmp = tmp_path_factory.mktemp(f"{kind}-{env}")
     out = tmp / "run"
-    environ = {
-        **os.environ,
-        "AGENTRL_CACHE": str(model_cache),
-        "AGENTRL_FAULTS": "generation@40" if kind == "rollout" else "optimizer_step@3",
-    }
+    environ = {**os.environ, "AGENTRL_CACHE": str(model_cache)}
+    if kind == "train":
+        environ["AGENTRL_FAULTS"] = "optimizer_step@3"
     imports = [LEDGER] if env == "user" else []
     if kind == "rollout":
         args = [AGENTRL, "rollout", ENVS[env], "--episodes", "24", "--group-size", "2",
@@ -77,11 +78,38 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
         config.write_text(TRAIN.format(env_id=ENVS[env], imports=json.dumps(imports)))
         args = [AGENTRL, "train", str(config), f'--run.out="{out}"']
     proc = Proc(args, tmp / "log.txt", env=environ)
+    if kind == "rollout":
+        _kill_once_ended_and_unfinished(proc, out)
     rc = proc.wait(600)
     log = (tmp / "log.txt").read_text()
-    assert rc == -9, f"expected the fault point's SIGKILL, got {rc}: {log[-2000:]}"
-    del environ["AGENTRL_FAULTS"]
+    assert rc == -9, f"expected the SIGKILL, got {rc}: {log[-2000:]}"
+    environ.pop("AGENTRL_FAULTS", None)
     return Run(kind, env, out, environ)
+
+
+def _both(out: Path) -> bool:
+    """The store holds an ended episode of two or more turns and a durable checkpoint
+    of an unfinished one."""
+    if not (out / "episodes.db").exists():
+        return False
+    try:
+        with EpisodeStore.open(out, create=False) as store:
+            ended = any(len(t.turn_starts) >= 2 for t in store.all_trajectories())
+            return ended and bool(store.partials())
+    except Exception:  # the schema may not be written yet
+        return False
+
+
+def _kill_once_ended_and_unfinished(proc: Proc, out: Path) -> None:
+    """SIGKILL the rollout as soon as its store holds both kinds (a fixed fault point,
+    the 40th generation, raced the episodes: in a fresh-clone CI it found 8 ended and
+    no durable checkpoint of an unfinished one)."""
+    deadline = time.monotonic() + 600
+    while not _both(out):
+        assert proc.poll() is None, f"the rollout ended before it held both kinds: {proc.tail()}"
+        assert time.monotonic() < deadline, "no ended and unfinished episodes in 600 s"
+        time.sleep(0.1)
+    os.kill(proc.pid, signal.SIGKILL)
 
 
 def replay(run: Run, *args: str) -> subprocess.CompletedProcess[str]:
