@@ -43,7 +43,7 @@ $(STAMP): pyproject.toml
 	$(PY) -c "import vllm, torch, transformers, trl, peft, gymnasium, aiohttp; print('installed: torch', torch.__version__, '| vllm', vllm.__version__, '| transformers', transformers.__version__, '| trl', trl.__version__)"
 	@touch $(STAMP)
 
-# About 11 minutes on 2 CPU cores the first time (5-6 once the SFT warm start is cached).
+# About 8 minutes on 2 CPU cores the first time (4 once the SFT warm start is cached).
 demo: install
 	$(PY) examples/calculator_agent/run.py
 
