@@ -96,8 +96,7 @@ def _check_k(config: RunConfig) -> None:
 def _eval_config(config: RunConfig, model: str) -> RunConfig:
     """The config the episodes run under: k samples a task (the group), the eval
     temperature, held-out seeds from eval.first_seed, ``model`` sampling."""
-    ev = config.eval
-    _check_k(config)
+    ev = config.eval  # k was checked against the concurrency by _new_job (_check_k)
     return dataclasses.replace(
         config,
         model=dataclasses.replace(config.model, path=model),
