@@ -238,10 +238,25 @@ def eval_summary(label: str, step: int, version: int, trajectories: Sequence[Tra
         "success_rate": _mean([t.reward >= success_reward for t in finals]),
         **{key: figures[key] for key in figures if key.startswith(("pass@", "avg@"))},
         "tool_use_rate": figures["tool_use_rate"], "reward_mean": figures["reward_mean"],
+        "turns_per_episode": figures["turns_per_episode"],
+        "turns_to_solve": _turns_to_solve(trajectories, success_reward),
         "failed": sum(t.status == "failed" for t in finals),
         "truncated": sum(t.status == "truncated" for t in finals),
         "wall_s": wall_s,
     }  # fmt: skip
+
+
+def _turns_to_solve(trajectories: Sequence[Trajectory], success_reward: float) -> float:
+    """Mean assistant turns of the episodes that succeeded (nan: none did)."""
+    turns: dict[str, set[int]] = {}
+    final: dict[str, Trajectory] = {}
+    for t in sorted(trajectories, key=lambda t: t.segment):
+        final[t.episode_id] = t
+        turns.setdefault(t.episode_id, set()).update(
+            s.turn for s in t.spans if s.kind == "assistant"
+        )
+    solved = [len(turns[e]) for e, t in final.items() if t.reward >= success_reward]
+    return _mean(solved)
 
 
 def eval_line(summary: Mapping[str, Any]) -> str:

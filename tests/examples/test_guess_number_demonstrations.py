@@ -1,0 +1,49 @@
+"""The guess-number warm start's demonstrations are solved episodes of the real env."""
+
+from __future__ import annotations
+
+import random
+import re
+
+from envs.guess_number import GuessNumberEnv
+from examples.guess_number.demonstrations import demonstrations, noisy_guess
+
+KWARGS = {"low": 1, "high": 30, "max_guesses": 6}
+
+
+def test_demonstrations_replay_as_solved_episodes() -> None:
+    demos = demonstrations(40, 0.6, **KWARGS)
+    assert len(demos) == 40
+    env = GuessNumberEnv(**KWARGS)
+    for demo in demos:
+        env.reset(seed=0)
+        env.set_state({"secret": _secret(demo), "guesses": 0})
+        turns = [m["content"] for m in demo if m["role"] == "assistant"]
+        low, high = 0, 31
+        for i, text in enumerate(turns):
+            got = re.fullmatch(r"Between (\d+) and (\d+)\. Guess: (\d+)", text)
+            assert got, text
+            assert (int(got[1]), int(got[2])) == (low, high)  # the interval still open
+            guess = int(got[3])
+            assert low < guess < high
+            reply, reward, terminated, truncated, _ = env.step(text)
+            if i == len(turns) - 1:
+                assert terminated and reward == 1.0 and not truncated
+            else:
+                assert reply == demo[3 + 2 * i]["content"]
+                low, high = (guess, high) if reply == "Higher." else (low, guess)
+        assert len(turns) <= KWARGS["max_guesses"]
+
+
+def test_noisy_guess_stays_inside_and_centres_on_the_midpoint() -> None:
+    rng = random.Random(0)
+    guesses = [noisy_guess(0, 31, 0.6, rng) for _ in range(2000)]
+    assert all(0 < g < 31 for g in guesses)
+    assert abs(sum(guesses) / len(guesses) - 15.5) < 0.5
+    near = sum(11 <= g <= 20 for g in guesses) / len(guesses)
+    assert near > 1 / 3 + 0.05  # the middle ten of thirty, guessed more often than uniform
+    assert [noisy_guess(4, 6, 0.6, rng) for _ in range(20)] == [5] * 20
+
+
+def _secret(demo: list) -> int:
+    return int(re.findall(r"\d+", demo[-1]["content"])[-1])
