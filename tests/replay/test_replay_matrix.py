@@ -2,9 +2,9 @@
 
 {rollout run, train run} x {a shipped env, an env registered only by a user module
 passed with --import / env.imports} x {show, --verify, --fork-at, --resume, --export},
-through the real CLI and real vLLM. Each run is SIGKILLed part-way (a train run at a
-named fault point, a rollout once its store holds ended and unfinished episodes) so that
-it holds unfinished episodes to --resume, as a crashed run does.
+through the real CLI and real vLLM. Each run is SIGKILLed part-way, once its store holds
+an ended episode and a durable checkpoint of an unfinished one, so that it holds
+unfinished episodes to --resume, as a crashed run does.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ max_tokens_per_turn = 16
 [trainer]
 lr = 1e-3
 [train]
-steps = 3
+steps = 8
 groups_per_step = 1
 checkpoint_every = 1
 [log]
@@ -66,8 +66,6 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     tmp = tmp_path_factory.mktemp(f"{kind}-{env}")
     out = tmp / "run"
     environ = {**os.environ, "AGENTRL_CACHE": str(model_cache)}
-    if kind == "train":
-        environ["AGENTRL_FAULTS"] = "optimizer_step@3"
     imports = [LEDGER] if env == "user" else []
     if kind == "rollout":
         args = [AGENTRL, "rollout", ENVS[env], "--episodes", "24", "--group-size", "2",
@@ -78,12 +76,10 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
         config.write_text(TRAIN.format(env_id=ENVS[env], imports=json.dumps(imports)))
         args = [AGENTRL, "train", str(config), f'--run.out="{out}"']
     proc = Proc(args, tmp / "log.txt", env=environ)
-    if kind == "rollout":
-        _kill_once_ended_and_unfinished(proc, out)
+    _kill_once_ended_and_unfinished(proc, out)
     rc = proc.wait(600)
     log = (tmp / "log.txt").read_text()
     assert rc == -9, f"expected the SIGKILL, got {rc}: {log[-2000:]}"
-    environ.pop("AGENTRL_FAULTS", None)
     return Run(kind, env, out, environ)
 
 
@@ -101,12 +97,13 @@ def _both(out: Path) -> bool:
 
 
 def _kill_once_ended_and_unfinished(proc: Proc, out: Path) -> None:
-    """SIGKILL the rollout as soon as its store holds both kinds (a fixed fault point,
-    the 40th generation, raced the episodes: in a fresh-clone CI it found 8 ended and
-    no durable checkpoint of an unfinished one)."""
+    """SIGKILL the run as soon as its store holds both kinds. A fixed fault point raced
+    the episodes: in fresh-clone CI the 40th generation of a rollout, and the third
+    optimizer step of a train run (whose checkpoints of update 2 had all been resumed
+    and ended by then), each found 8 ended episodes and no durable checkpoint."""
     deadline = time.monotonic() + 600
     while not _both(out):
-        assert proc.poll() is None, f"the rollout ended before it held both kinds: {proc.tail()}"
+        assert proc.poll() is None, f"the run ended before it held both kinds: {proc.tail()}"
         assert time.monotonic() < deadline, "no ended and unfinished episodes in 600 s"
         time.sleep(0.1)
     os.kill(proc.pid, signal.SIGKILL)
