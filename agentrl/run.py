@@ -318,6 +318,7 @@ async def _start_trainer(cfg: RunConfig, model_path: str, accelerator: Any, resu
             "trainer checkpoints of FSDP2 runs are not written yet (the optimizer state is "
             "sharded); set train.checkpoint_every = 0, or train with DDP"
         )
+    reporter.say(trainer.placement())
     if trainer.world > 1:
         reporter.say(f"training on {trainer.world} processes "
                      f"({trainer.accelerator.distributed_type}); this is rank 0")  # fmt: skip

@@ -33,6 +33,8 @@ CorrectionMode = Literal[
 AdvantageScheme = Literal["episode", "turn_return", "gigpo"]
 StepKey = Literal["observation", "prefix"]
 UpdatePolicy = Literal["resume", "keep", "drop"]
+TrainerPrecision = Literal["auto", "bf16", "fp32"]
+PackedAttention = Literal["auto", "varlen", "rows", "flash_attention_2", "flex_attention"]
 
 _frozen = dataclasses.dataclass(frozen=True, slots=True)
 
@@ -378,7 +380,29 @@ class TrainerConfig:
     scale_rewards: Literal["group", "batch", "none"] = "group"
     """Advantages are divided by the reward std of the group, the batch, or not at all."""
     micro_batch_tokens: int = 4096
-    """Padded tokens per forward/backward pass (gradient accumulation above it)."""
+    """Tokens per forward/backward pass (padded tokens; with packing, the rows' own
+    tokens); gradient accumulation above it."""
+    device: str = "auto"
+    """Where the trainer runs: auto (this process's CUDA device when there is one, else
+    the CPU), cpu, cuda or cuda:N. Under a multi-process launch, each rank's own device."""
+    precision: TrainerPrecision = "auto"
+    """auto (bf16 on a GPU, fp32 on CPU), bf16 (bf16 autocast compute; weights, gradients
+    and AdamW state stay fp32) or fp32."""
+    packing: bool | None = None
+    """Pack rows into micro-batches without padding (positions restart per row, attention
+    stays within a row); unset: on with CUDA, off on CPU."""
+    packed_attention: PackedAttention = "auto"
+    """Attention of packed micro-batches: auto (varlen on CUDA in bf16, else rows),
+    varlen (torch's FlashAttention varlen), rows (SDPA once per row), flash_attention_2
+    (needs flash-attn) or flex_attention (GPU only)."""
+    chunked_logprob: bool | None = None
+    """Logprobs through the LM head in vocabulary tiles (TRL's chunked kernel), never the
+    micro-batch's full logits, and only on the tokens the loss covers; unset: on with CUDA."""
+    gradient_checkpointing: bool = False
+    """Recompute each layer's activations in backward (less memory, ~a third more compute)."""
+    activation_offload: bool = False
+    """Keep the activations saved for backward in (pinned) CPU memory (GPU memory for
+    host transfers)."""
     torch_threads: int | None = 1
     """Threads for the trainer's math on CPU (unset: torch's default)."""
     borrow_idle_cores: bool = True
@@ -392,6 +416,19 @@ class TrainerConfig:
         if not self.lr > 0:
             raise ConfigError(f"trainer.lr = {self.lr!r}; it must be > 0")
         _at_least("trainer", self, 1, "micro_batch_tokens")
+        device = self.device
+        index = device[5:] if device.startswith("cuda:") else ""
+        if device not in ("auto", "cpu", "cuda") and not (index.isdigit() and index):
+            raise ConfigError(
+                f"trainer.device = {device!r} is not allowed; use auto, cpu, cuda or cuda:N"
+            )
+        for name, allowed in (("precision", TrainerPrecision),
+                              ("packed_attention", PackedAttention)):  # fmt: skip
+            if getattr(self, name) not in typing.get_args(allowed):
+                raise ConfigError(
+                    f"trainer.{name} = {getattr(self, name)!r} is not allowed; use one of: "
+                    f"{', '.join(typing.get_args(allowed))}"
+                )
 
 
 @_frozen

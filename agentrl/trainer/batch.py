@@ -8,6 +8,15 @@ turn's tokens get their turn's advantage instead. ``MicroBatch.advantages`` hold
 advantage per token either way. Rows are padded on the right; position ``i`` of the
 shifted tensors is the prediction of token ``i + 1`` from the tokens before it.
 Micro-batches hold at most ``max_tokens`` padded tokens (and at least one row).
+
+:func:`packed_micro_batches` packs rows without padding instead: the model sees one
+sequence of the rows' tokens side by side (:class:`Packed`: positions restarting per row
+and the row offsets, for attention that stays within each row), while the per-token
+tensors the loss reads (``targets``, ``mask``, ...) keep the padded ``(rows, T)`` layout,
+so every loss and mask is computed exactly as for a padded batch; :attr:`Packed.index`
+maps each of those positions to its place in the packed sequence. Rows go into
+micro-batches of at most ``max_tokens`` tokens by first-fit decreasing (a row longer than
+that gets a micro-batch of its own).
 """
 
 from __future__ import annotations
@@ -42,8 +51,38 @@ class Row:
 
 
 @dataclasses.dataclass(slots=True)
+class Packed:
+    """The model's view of a packed micro-batch: ``R`` rows in one sequence of ``N`` tokens."""
+
+    input_ids: torch.Tensor
+    """``(1, N)``: the rows' tokens one after the other."""
+    position_ids: torch.Tensor
+    """``(1, N)``: 0, 1, ... restarting at each row."""
+    targets: torch.Tensor
+    """``(1, N)``: the next token of the same row (the pad id at each row's last token)."""
+    select: torch.Tensor
+    """``(1, N)`` bool: the positions whose next token the loss covers."""
+    cu_seqlens: torch.Tensor
+    """``(R + 1,)`` int32: where each row starts, then ``N`` (varlen attention's offsets)."""
+    max_len: int
+    """The longest row."""
+    index: torch.Tensor
+    """``(R, T)``: the packed position of each shifted padded position (0 where invalid)."""
+    valid: torch.Tensor
+    """``(R, T)`` bool: the shifted padded positions inside their row."""
+
+    def to(self, device: torch.device) -> Packed:
+        return Packed(**{f.name: _to(getattr(self, f.name), device)
+                         for f in dataclasses.fields(self)})  # fmt: skip
+
+
+@dataclasses.dataclass(slots=True)
 class MicroBatch:
-    """Padded tensors of a few rows; ``*_shifted`` have one column less than ``input_ids``."""
+    """Padded tensors of a few rows; ``*_shifted`` have one column less than ``input_ids``.
+
+    With ``packed``, the model reads ``packed`` instead of ``input_ids`` and
+    ``attention_mask``; the per-token tensors keep the padded layout either way.
+    """
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
@@ -53,16 +92,32 @@ class MicroBatch:
     versions: torch.Tensor
     advantages: torch.Tensor
     """One advantage per (shifted) token."""
+    packed: Packed | None = None
+    """Set for a packed micro-batch (:func:`packed_micro_batches`)."""
 
     @property
     def tokens(self) -> int:
         return int(self.mask.sum().item())
 
+    @property
+    def model_tokens(self) -> int:
+        """Tokens the model runs over: the rows' own (packed) or padded ones."""
+        if self.packed is not None:
+            return int(self.packed.input_ids.shape[1])
+        return int(self.input_ids.numel())
+
     def to(self, device: torch.device) -> MicroBatch:
         """The same batch on ``device`` (itself when it is there already)."""
         if self.input_ids.device == device:
             return self
-        return MicroBatch(*(getattr(self, f.name).to(device) for f in dataclasses.fields(self)))
+        return MicroBatch(**{f.name: _to(getattr(self, f.name), device)
+                             for f in dataclasses.fields(self)})  # fmt: skip
+
+
+def _to(value: object, device: torch.device) -> object:
+    if isinstance(value, (torch.Tensor, Packed)):
+        return value.to(device)
+    return value
 
 
 def rows_from_groups(
@@ -149,3 +204,57 @@ def _pad(rows: list[Row], pad_id: int) -> MicroBatch:
         versions=torch.from_numpy(versions[:, 1:].copy()),
         advantages=torch.from_numpy(advantages[:, 1:].copy()),
     )
+
+
+def packed_micro_batches(rows: Sequence[Row], max_tokens: int,
+                         pad_id: int = 0) -> list[MicroBatch]:  # fmt: skip
+    """Pack rows without padding into micro-batches of at most ``max_tokens`` tokens.
+
+    First-fit decreasing: longest rows first, each into the first micro-batch it fits
+    (a row longer than ``max_tokens`` alone). Within a micro-batch rows keep their order.
+    """
+    order = sorted(range(len(rows)), key=lambda i: -len(rows[i].trajectory))
+    bins: list[list[int]] = []
+    loads: list[int] = []
+    for i in order:
+        n = len(rows[i].trajectory)
+        for b, load in enumerate(loads):
+            if load + n <= max_tokens:
+                bins[b].append(i)
+                loads[b] += n
+                break
+        else:
+            bins.append([i])
+            loads.append(n)
+    return [pack([rows[i] for i in sorted(b)], pad_id) for b in bins]
+
+
+def pack(rows: list[Row], pad_id: int = 0) -> MicroBatch:
+    """One packed micro-batch of ``rows`` (the padded per-token tensors, plus :class:`Packed`)."""
+    mb = _pad(rows, pad_id)
+    lengths = np.array([len(r.trajectory) for r in rows], dtype=np.int64)
+    starts = np.r_[0, np.cumsum(lengths)[:-1]]
+    total = int(lengths.sum())
+    ids = np.concatenate([np.asarray(r.trajectory.token_ids, dtype=np.int64) for r in rows])
+    positions = np.concatenate([np.arange(n, dtype=np.int64) for n in lengths])
+    targets = np.full(total, pad_id, dtype=np.int64)
+    targets[:-1] = ids[1:]
+    targets[starts + lengths - 1] = pad_id  # a row's last token predicts nothing
+    columns = mb.targets.shape[1]
+    t = np.arange(columns, dtype=np.int64)[None, :]
+    valid = t < (lengths[:, None] - 1)
+    index = np.where(valid, starts[:, None] + t, 0)
+    select = np.zeros(total, dtype=bool)
+    on = valid & (mb.mask.numpy() > 0)
+    select[index[on]] = True
+    mb.packed = Packed(
+        input_ids=torch.from_numpy(ids[None, :]),
+        position_ids=torch.from_numpy(positions[None, :]),
+        targets=torch.from_numpy(targets[None, :]),
+        select=torch.from_numpy(select[None, :]),
+        cu_seqlens=torch.from_numpy(np.r_[0, np.cumsum(lengths)].astype(np.int32)),
+        max_len=int(lengths.max()),
+        index=torch.from_numpy(index),
+        valid=torch.from_numpy(valid),
+    )
+    return mb

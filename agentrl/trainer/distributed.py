@@ -54,15 +54,16 @@ def launched_rank() -> tuple[int, int]:
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def make_accelerator() -> Any:
-    """An ``accelerate.Accelerator`` for this launched process (CPU/gloo without CUDA).
+def make_accelerator(device: str = "auto") -> Any:
+    """An ``accelerate.Accelerator`` for this launched process (CPU/gloo without CUDA, or
+    with ``trainer.device = "cpu"``).
 
     Its plugins (DDP, FSDP2) come from the ``accelerate launch`` config.
     """
     import torch
     from accelerate import Accelerator
 
-    return Accelerator(cpu=not torch.cuda.is_available())
+    return Accelerator(cpu=device == "cpu" or not torch.cuda.is_available())
 
 
 def launched_config(config_path: str | Path | None, overrides: list[str], *,
@@ -97,7 +98,7 @@ def start_distributed(config: RunConfig) -> Any:
     from agentrl.models import resolve_model
 
     resolve_model(config.model.path)
-    return make_accelerator()
+    return make_accelerator(config.trainer.device)
 
 
 def _encode(groups: Sequence[Group] | None) -> bytes:

@@ -1,14 +1,20 @@
 """``Trainer``: one optimizer step from complete groups, with importance correction.
 
-The model is a transformers causal LM in float32 (optionally wrapped with a peft LoRA
-adapter). A step: group-relative advantages (per episode, or per turn as
-``trainer.loss.advantage`` says); padded micro-batches; for each, the current policy's
-logprobs of the sampled tokens (TRL's ``selective_log_softmax``, at the sampling
-temperature); importance weights from the proximal policy (the model before this
-step) to the behaviour policy (vLLM's logprobs of each token), times the masks that
-drop tokens or sequences too far off-policy (:mod:`agentrl.trainer.corrections`); the
-configured loss (``dppo`` takes its ratio against the behaviour policy itself and gets
-no importance weights); backward; then gradient clipping and one AdamW step.
+The model is a transformers causal LM with float32 weights (optionally wrapped with a
+peft LoRA adapter), on ``trainer.device`` (:mod:`agentrl.trainer.placement`: this
+process's GPU when there is one), computing in ``trainer.precision`` (bf16 autocast on a
+GPU, fp32 on CPU). A step: group-relative advantages (per episode, or per turn as
+``trainer.loss.advantage`` says); micro-batches, padded or packed without padding
+(``trainer.packing``, :mod:`agentrl.trainer.packing`); for each, the current policy's
+logprobs of the sampled tokens at the sampling temperature (TRL's
+``selective_log_softmax`` over the full logits, or with ``trainer.chunked_logprob``
+TRL's chunked LM-head kernel, which never holds a micro-batch's full-vocabulary logits
+and scores only the tokens the loss covers); importance weights from the proximal
+policy (the model before this step) to the behaviour policy (vLLM's logprobs of each
+token), times the masks that drop tokens or sequences too far off-policy
+(:mod:`agentrl.trainer.corrections`); the configured loss (``dppo`` takes its ratio
+against the behaviour policy itself and gets no importance weights); backward; then
+gradient clipping and one AdamW step.
 
 Reported per step: loss, clip fraction, IS weight min/mean/max, the fraction of tokens
 the off-policy masks dropped (in all and per mask), the trainer-vs-vLLM logprob gap on
@@ -34,9 +40,24 @@ import torch
 from agentrl import faults
 from agentrl.config import TrainerConfig
 from agentrl.errors import ConfigError
-from agentrl.trainer.batch import MicroBatch, micro_batches, rows_from_groups
+from agentrl.trainer import packing as packed_attention
+from agentrl.trainer.batch import (
+    MicroBatch,
+    Packed,
+    micro_batches,
+    packed_micro_batches,
+    rows_from_groups,
+)
 from agentrl.trainer.corrections import CorrectionMasks, correction_masks
 from agentrl.trainer.losses import importance_weights, policy_loss
+from agentrl.trainer.placement import (
+    describe_device,
+    is_out_of_memory,
+    memory_error,
+    resolve_device,
+    resolve_precision,
+    resolve_switch,
+)
 from agentrl.types import Group
 
 logger = logging.getLogger(__name__)
@@ -108,29 +129,49 @@ class Trainer:
         self._on_every_core = False
         self.micro_steps = {"all": 0, "every_core": 0}
         self.temperature = temperature
+        cfg = self.config
+        self._device = resolve_device(cfg.device, accelerator)
+        self.precision = resolve_precision(cfg.precision, self._device)
+        """``bf16`` (autocast compute, fp32 weights and optimizer state) or ``fp32``."""
+        self.packing = resolve_switch(cfg.packing, self._device)
+        self.chunked_logprob = resolve_switch(cfg.chunked_logprob, self._device)
+        self.attention = ""
+        """The attention implementation of packed micro-batches ('' when not packing)."""
+        if self.packing:
+            self.attention = packed_attention.implementation(
+                cfg.packed_attention, self._device, self.precision
+            )
         torch.manual_seed(seed)
         self.model_path = model_path
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        model = self._load(AutoModelForCausalLM, model_path)
+        if cfg.gradient_checkpointing:
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
         self.ref_model: Any = None
-        if self.config.lora.enabled:
+        if cfg.lora.enabled:
             from peft import LoraConfig, get_peft_model
 
-            lora = self.config.lora
+            lora = cfg.lora
             model = get_peft_model(
                 model,
                 LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                            target_modules=list(lora.target_modules)),
             )  # fmt: skip
-        elif self.config.loss.beta > 0:
-            self.ref_model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        elif cfg.loss.beta > 0:
+            self.ref_model = self._load(AutoModelForCausalLM, model_path)
             self.ref_model.eval().requires_grad_(False)
+            self.ref_model.to(self._device)
         self.model = model
         self.model.train()
+        if accelerator is None:
+            self.model.to(self._device)
         params = [p for p in self.model.parameters() if p.requires_grad]
+        fused = accelerator is None and self._device.type == "cuda"
         self.optimizer = torch.optim.AdamW(
-            params, lr=self.config.lr, betas=self.config.betas,
-            weight_decay=self.config.weight_decay,
+            params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay,
+            **({"fused": True} if fused else {}),
         )  # fmt: skip
         self.accelerator = accelerator
         self._full_state: dict[str, torch.Tensor] | None = None
@@ -146,6 +187,45 @@ class Trainer:
         self.step = 0
         self._version = 0
         self.pad_id = int(self.tokenizer.pad_token_id or 0)
+
+    def _load(self, auto: Any, model_path: str) -> Any:
+        """The model in fp32 with the packed attention and the chunked LM head, if set."""
+        model = auto.from_pretrained(model_path, dtype=torch.float32)
+        model.config.use_cache = False
+        if self.packing:
+            packed_attention.register()
+            try:
+                model.set_attn_implementation(self.attention)
+            except (ImportError, ValueError) as e:
+                raise ConfigError(
+                    f"trainer.packed_attention = {self.config.packed_attention!r} "
+                    f"({self.attention}) cannot run here: {e}; use 'auto' or 'rows'"
+                ) from e
+        if self.chunked_logprob:
+            from trl.trainer.utils import add_fused_lm_head
+
+            add_fused_lm_head(model, temperature=self.temperature)
+        return model
+
+    def placement(self) -> str:
+        """Where and how the trainer runs, in one line (``agentrl train`` says it at start)."""
+        parts = [f"trainer on {describe_device(self._device)}",
+                 "bf16 autocast (fp32 weights and AdamW state)" if self.precision == "bf16"
+                 else "fp32"]  # fmt: skip
+        budget = f"{self.config.micro_batch_tokens} tokens"
+        if self.packing:
+            parts.append(f"packed micro-batches of <= {budget} ({self.attention} attention)")
+        else:
+            parts.append(f"padded micro-batches of <= {budget}")
+        if self.chunked_logprob:
+            parts.append("chunked logprob")
+        if self.config.gradient_checkpointing:
+            parts.append("gradient checkpointing")
+        if self.config.activation_offload:
+            parts.append("activation offload")
+        if self.is_lora:
+            parts.append(f"LoRA r={self.config.lora.r}")
+        return ", ".join(parts)
 
     @property
     def version(self) -> int:
@@ -235,21 +315,64 @@ class Trainer:
     @property
     def device(self) -> torch.device:
         """Where the model's parameters are (micro-batches are moved there)."""
-        return next(self.model.parameters()).device
+        return self._device
+
+    def micro_batches(self, rows: Sequence[Any]) -> list[MicroBatch]:
+        """``rows`` in micro-batches of ``trainer.micro_batch_tokens``, packed or padded."""
+        if self.packing:
+            return packed_micro_batches(rows, self.config.micro_batch_tokens, self.pad_id)
+        return micro_batches(rows, self.config.micro_batch_tokens, self.pad_id)
+
+    def _autocast(self) -> Any:
+        if self.precision != "bf16":
+            return contextlib.nullcontext()
+        return torch.autocast(self._device.type, dtype=torch.bfloat16)
 
     def logprobs(self, model: Any, mb: MicroBatch) -> torch.Tensor:
-        """Per-token logprobs of ``mb.targets`` under ``model`` (shape of ``mb.targets``)."""
+        """Per-token logprobs of ``mb.targets`` under ``model`` (shape of ``mb.targets``, fp32).
+
+        With the chunked logprob only the tokens of ``mb.mask`` are scored (the others
+        are 0: no loss, mask or statistic reads them).
+        """
+        with self._autocast():
+            if mb.packed is not None:
+                return self._packed_logprobs(model, mb.packed)
+            if self.chunked_logprob:
+                labels = torch.where(mb.mask > 0, mb.targets, -100)
+                labels = torch.nn.functional.pad(labels, (1, 0), value=-100)
+                out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
+                            labels=labels, fused_lm_head=True, use_cache=False)  # fmt: skip
+                return out.log_probs.float()
+            logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
+                           use_cache=False).logits  # fmt: skip
+            return self._select(logits[:, :-1, :], mb.targets)
+
+    def _packed_logprobs(self, model: Any, p: Packed) -> torch.Tensor:
+        """Logprobs of a packed micro-batch, laid out as its padded rows."""
+        kwargs = {"input_ids": p.input_ids, "position_ids": p.position_ids,
+                  "cu_seq_lens_q": p.cu_seqlens, "cu_seq_lens_k": p.cu_seqlens,
+                  "max_length_q": p.max_len, "max_length_k": p.max_len,
+                  "use_cache": False}  # fmt: skip
+        if self.chunked_logprob:
+            labels = torch.where(p.select, p.targets, -100)
+            flat = model(**kwargs, shift_labels=labels, fused_lm_head=True).log_probs[0].float()
+        else:
+            flat = self._select(model(**kwargs).logits, p.targets)[0]
+        return torch.where(p.valid, flat[p.index], 0.0)
+
+    def _select(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         from trl.trainer.utils import selective_log_softmax
 
-        logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
-        return selective_log_softmax(logits[:, :-1, :], mb.targets, self.temperature)
+        if logits.dtype != torch.float32 and logits.device.type != "cuda":
+            logits = logits.float()  # TRL's CPU path would take the log-softmax in bf16
+        return selective_log_softmax(logits, targets, self.temperature).float()
 
     def score(self, groups: Sequence[Group]) -> list[tuple[torch.Tensor, MicroBatch]]:
         """Current-policy logprobs of every micro-batch (no gradient), for diagnostics."""
         rows = rows_from_groups(groups, self.config.scale_rewards, self.config.loss)
         out = []
         with torch.no_grad():
-            for mb in micro_batches(rows, self.config.micro_batch_tokens, self.pad_id):
+            for mb in self.micro_batches(rows):
                 mb = mb.to(self.device)
                 out.append((self.logprobs(self.model, mb), mb))
         return out
@@ -257,7 +380,30 @@ class Trainer:
     def train_step(self, groups: Sequence[Group]) -> StepStats:
         """One optimizer step on ``groups``; the model's version becomes ``version + 1``
         once the caller publishes it (see :class:`~agentrl.trainer.publish.WeightPublisher`).
+
+        Raises:
+            TrainerMemoryError: the step ran out of GPU memory; the message names the
+                settings that make it fit.
         """
+        try:
+            return self._train_step(groups)
+        except Exception as e:
+            if not is_out_of_memory(e):
+                raise
+            self.optimizer.zero_grad(set_to_none=True)
+            params = sum(p.numel() for p in self.model.parameters())
+            trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+            error = memory_error(
+                e, self.config, device=self._device, precision=self.precision,
+                packing=self.packing, chunked=self.chunked_logprob, step=self.step,
+                parameters=params, trainable=trainable,
+            )  # fmt: skip
+            del e
+            if self._device.type == "cuda":
+                torch.cuda.empty_cache()
+            raise error from None
+
+    def _train_step(self, groups: Sequence[Group]) -> StepStats:
         t0 = time.perf_counter()
         cfg = self.config
         rows = rows_from_groups(groups, cfg.scale_rewards, cfg.loss)
@@ -265,7 +411,7 @@ class Trainer:
         # rows are split into micro-batches or across processes.
         total_tokens = float(sum(float(r.trajectory.loss_mask[1:].sum()) for r in rows))
         total_rows = len(rows)
-        batches = micro_batches(rows[self.rank :: self.world], cfg.micro_batch_tokens, self.pad_id)
+        batches = self.micro_batches(rows[self.rank :: self.world])
         self.optimizer.zero_grad(set_to_none=True)
         acc: dict[str, Any] = {"loss": 0.0, "clipped": 0.0, "tokens": 0.0, "w_min": float("inf"),
                "w_max": 0.0, "w_sum": 0.0, "gap_sum": 0.0, "gap_n": 0, "st_min": float("inf"),
@@ -285,7 +431,8 @@ class Trainer:
         params = [p for p in self.model.parameters() if p.requires_grad]
         if self.accelerator is not None:
             if not count:  # this rank had no rows: still join the gradient all-reduce
-                dummy = self.model(input_ids=torch.zeros(1, 2, dtype=torch.long)).logits.sum()
+                ids = torch.zeros(1, 2, dtype=torch.long, device=self.device)
+                dummy = self.model(input_ids=ids, use_cache=False).logits.sum()
                 self.accelerator.backward(dummy * 0.0)
             grad_norm = float(self.accelerator.clip_grad_norm_(params, cfg.max_grad_norm))
         else:
@@ -333,7 +480,12 @@ class Trainer:
         mask = mb.mask
         if cfg.loss.max_token_staleness is not None:
             mask = mask * ((self.version - mb.versions) <= cfg.loss.max_token_staleness)
-        logprobs = self.logprobs(self.model, mb)
+        if cfg.activation_offload:
+            offload: Any = torch.autograd.graph.save_on_cpu(pin_memory=self.device.type == "cuda")
+        else:
+            offload = contextlib.nullcontext()
+        with offload:
+            logprobs = self.logprobs(self.model, mb)
         old = logprobs.detach()
         lc = cfg.loss
         if lc.kind == "dppo":  # its ratio is to the behaviour policy: nothing to correct
@@ -368,11 +520,18 @@ class Trainer:
     def _padding_batch(self) -> MicroBatch:
         """One row of two padding tokens, masked out: a forward and backward, no loss."""
         ids = torch.full((1, 2), self.pad_id, dtype=torch.long)
+        packed = None
+        if self.packing:
+            packed = Packed(input_ids=ids, position_ids=torch.arange(2).unsqueeze(0),
+                            targets=ids.clone(), select=torch.zeros(1, 2, dtype=torch.bool),
+                            cu_seqlens=torch.tensor([0, 2], dtype=torch.int32), max_len=2,
+                            index=torch.zeros(1, 1, dtype=torch.long),
+                            valid=torch.zeros(1, 1, dtype=torch.bool))  # fmt: skip
         return MicroBatch(input_ids=ids, attention_mask=torch.ones_like(ids),
                           targets=ids[:, 1:].clone(), mask=torch.zeros(1, 1),
                           behaviour_logprobs=torch.zeros(1, 1),
                           versions=torch.full((1, 1), -1, dtype=torch.long),
-                          advantages=torch.zeros(1, 1))  # fmt: skip
+                          advantages=torch.zeros(1, 1), packed=packed)  # fmt: skip
 
     def _sync(self, *, last: bool) -> Any:
         """Only the last micro-batch of a rank all-reduces gradients (forward included)."""
