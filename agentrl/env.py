@@ -185,6 +185,12 @@ class EnvHandle:
     deadline holds only that thread, never the threads other episodes need. On the
     async path the Gymnasium wrappers are bypassed, so the registered
     ``max_episode_steps`` is applied here.
+
+    An async env whose state lives elsewhere (a remote env,
+    :class:`agentrl.remote.RemoteEnv`) may also define ``aopen()`` (awaited once before
+    the first reset, without the env deadline: it may wait for a server),
+    ``aset_state(state, steps)`` and ``aclose()``; they are awaited instead of the sync
+    ``set_state`` and ``close``.
     """
 
     def __init__(self, env: gym.Env[Any, Any], executor: ThreadPoolExecutor | None = None) -> None:
@@ -207,6 +213,12 @@ class EnvHandle:
     def system_prompt(self) -> str | None:
         return getattr(self.inner, "system_prompt", None)
 
+    async def open(self) -> None:
+        """Await the env's ``aopen()`` if it has one (a remote env takes its session)."""
+        aopen = getattr(self.inner, "aopen", None)
+        if callable(aopen):
+            await aopen()
+
     async def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Observation, dict[str, Any]]:
@@ -225,6 +237,10 @@ class EnvHandle:
         return obs, reward, terminated, truncated, info
 
     async def close(self) -> None:
+        aclose = getattr(self.inner, "aclose", None)
+        if self.is_async and callable(aclose):
+            await aclose()
+            return
         if self._running:  # its thread is stuck in a call that missed its deadline
             spare = ThreadPoolExecutor(1, thread_name_prefix="agentrl-env-close")
             try:
@@ -251,6 +267,13 @@ class EnvHandle:
         self._running += 1
         return await future
 
+    def raise_if_lost(self) -> None:
+        """Raise why the env is gone, if it is (a remote env whose server went away
+        during a tool call: :class:`~agentrl.errors.RemoteEnvError`); else nothing."""
+        check = getattr(self.inner, "raise_if_lost", None)
+        if callable(check):
+            check()
+
     def abandon(self) -> None:
         """Let go of the worker thread (after close): one stuck in a hung call is left."""
         if self._executor is not None:
@@ -269,7 +292,10 @@ class EnvHandle:
 
     async def set_state(self, state: dict[str, Any], steps: int) -> None:
         """Restore a snapshot taken after ``steps`` steps (step limits count them too)."""
-        if self.is_async:
+        aset_state = getattr(self.inner, "aset_state", None)
+        if self.is_async and callable(aset_state):
+            await aset_state(state, steps)
+        elif self.is_async:
             self.inner.set_state(state)
         else:
             await self._thread(functools.partial(self.inner.set_state, state))
@@ -386,11 +412,16 @@ def import_env_modules(imports: Sequence[str], *, key: str = "env.imports") -> N
 def check_env_config(env: EnvConfig) -> None:
     """Check that ``env.id`` is registered (after ``env.imports``) and takes ``env.kwargs``.
 
+    Envs on env servers (``env.url``/``env.urls``) are not built here:
+    :func:`agentrl.remote.check_servers` asks the servers.
+
     Raises:
         ConfigError: naming the key, the value, and the registered ids.
     """
     load_env_plugins()
     import_env_modules(env.imports)
+    if env.remote:  # built on its env servers; agentrl.remote checks them
+        return
     if env.id not in gym.registry:
         known = sorted(k for k in gym.registry if k.startswith("agentrl/"))
         raise ConfigError(

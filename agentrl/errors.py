@@ -50,6 +50,21 @@ class ContextOverflowError(EpisodeError):
         self.max_model_len = max_model_len
 
 
+class RemoteEnvError(EpisodeError):
+    """A call to an env server failed; the episode fails with ``kind`` and this message.
+
+    ``kind`` is a :class:`~agentrl.types.FailureKind` value (``env_unavailable``: the
+    server died, refused or dropped the session; ``env_timeout``: it did not answer
+    within ``env.request_timeout_s``; ``env_protocol``: its answer was not the OpenEnv
+    protocol; ``env_exception``: the env on it raised). ``url`` names the server.
+    """
+
+    def __init__(self, kind: str, message: str, url: str = "") -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.url = url
+
+
 class InfraError(AgentRLError):
     """A failure of the infrastructure; fatal for the run."""
 
@@ -70,6 +85,10 @@ class ServerUnavailable(EngineError):
         super().__init__(message)
         self.partial = partial
         self.url = url
+
+
+class EnvServersUnavailable(InfraError):
+    """No env server (``[env] url``/``urls``) answered for ``env.reconnect_timeout_s``."""
 
 
 class EngineStartupError(EngineError):

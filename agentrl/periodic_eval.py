@@ -49,7 +49,8 @@ DURING = "during"
 async def evaluate(config: RunConfig, client: InferenceClient, tokenizer: Any, label: str,
                    version: int, *, step: int = 0, tracer: Tracer | None = None,
                    status: RunStatus | None = None,
-                   admission: asyncio.Event | None = None) -> dict[str, Any]:  # fmt: skip
+                   admission: asyncio.Event | None = None,
+                   make: Callable[..., Any] | None = None) -> dict[str, Any]:  # fmt: skip
     """Run ``eval.episodes`` held-out tasks × ``eval.k`` samples under the current weights.
 
     They go through the same :class:`~agentrl.rollout.Scheduler` as training, one group
@@ -63,6 +64,8 @@ async def evaluate(config: RunConfig, client: InferenceClient, tokenizer: Any, l
             counters its episodes feed.
         admission: the training runner's gate (beside training): a weight update parks
             these episodes too.
+        make: builds the envs (the training run's: its env servers with ``[env] url``);
+            None: Gymnasium's registry.
     """
     from agentrl.chat.formats import resolve_chat_format
     from agentrl.queue import TrajectoryQueue
@@ -71,9 +74,10 @@ async def evaluate(config: RunConfig, client: InferenceClient, tokenizer: Any, l
     ev = config.eval
     rollout = dataclasses.replace(config.rollout, temperature=ev.temperature, group_size=ev.k,
                                   max_retries=0)  # fmt: skip
+    extra = {"make": make} if make is not None else {}
     runner = EpisodeRunner(client, tokenizer, rollout, metrics=Metrics(), tracer=tracer,
-                           admission=admission,
-                           chat=resolve_chat_format(tokenizer, config.model))  # fmt: skip
+                           admission=admission, chat=resolve_chat_format(tokenizer, config.model),
+                           **extra)  # fmt: skip
     runner.trace_pid = EVAL
     if status is not None:
         status.evaluating(label, runner, beside=label == DURING)

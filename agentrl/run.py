@@ -84,6 +84,8 @@ class _RunOutput:
     tracer: Tracer
     log: MetricsLog
     reporter: Reporter
+    make: Callable[..., Any] | None = None
+    """Builds the envs: the env servers' pool with ``[env] url``; None: Gymnasium's."""
 
 
 def prepare(config_path: str | Path | None, overrides: list[str], *, resume: str | None = None,
@@ -116,6 +118,10 @@ def prepare(config_path: str | Path | None, overrides: list[str], *, resume: str
                 f"{run_dir} already holds files; continue that run with "
                 f"`agentrl train --resume {run_dir}`, or set run.out to a new folder"
             )
+    if config.env.remote:  # the env servers answer, and name the env when env.id is empty
+        from agentrl.remote import check_servers
+
+        config = dataclasses.replace(config, env=check_servers(config.env))
     check_config(config)
     return config, run_dir
 
@@ -262,10 +268,13 @@ async def _train(out: _RunOutput, model_path: str, store: EpisodeStore, display:
     async with contextlib.AsyncExitStack() as stack:
         client, pool = await _start_inference(cfg, model_path, out.run_dir / "logs", stack,
                                               out.reporter)  # fmt: skip
+        out = await _start_env_servers(out, stack)
         writer = await stack.enter_async_context(StoreWriter(store))
+        extra = {"make": out.make} if out.make is not None else {}
         runner = EpisodeRunner(client, trainer.tokenizer, cfg.rollout, metrics=status.metrics,
                                checkpoint=writer.partial, tracer=tracer,
-                               chat=resolve_chat_format(trainer.tokenizer, cfg.model))  # fmt: skip
+                               chat=resolve_chat_format(trainer.tokenizer, cfg.model),
+                               **extra)  # fmt: skip
         controller = RolloutController(runner, writer=writer, policy=cfg.rollout.update_policy,
                                        max_staleness=cfg.rollout.max_staleness,
                                        metrics=status.metrics)  # fmt: skip
@@ -304,6 +313,21 @@ async def _train(out: _RunOutput, model_path: str, store: EpisodeStore, display:
                 ticker.cancel()
         result.steps = trainer.step
         result.last = dict(status.last)
+
+
+async def _start_env_servers(out: _RunOutput, stack: contextlib.AsyncExitStack) -> _RunOutput:
+    """With ``[env] url``/``urls``: the env servers' pool, entered in ``stack``; ``out``
+    with its ``make``. Without: ``out`` as it is."""
+    env = out.config.env
+    if not env.remote:
+        return out
+    from agentrl.remote import EnvServerPool
+
+    pool = await stack.enter_async_context(EnvServerPool.from_config(env))
+    up = [m["url"] for m in pool.describe() if m["up"]]
+    out.reporter.say(f"env {env.id} on {len(up)} of {len(env.servers)} env server(s): "
+                     f"{', '.join(up) or 'none up yet'}")  # fmt: skip
+    return dataclasses.replace(out, make=pool.make)
 
 
 async def _start_trainer(cfg: RunConfig, model_path: str, accelerator: Any, resume: bool,
@@ -384,7 +408,7 @@ async def _evaluate(out: _RunOutput, client: InferenceClient, trainer: Trainer, 
     step = trainer.step if step is None else step
     summary = await evaluate(out.config, client, trainer.tokenizer, label, trainer.version,
                              step=step, tracer=out.tracer, status=out.status,
-                             admission=admission)  # fmt: skip
+                             admission=admission, make=out.make)  # fmt: skip
     out.status.evaluated(summary)
     out.log.log(step, summary, kind="eval")
     out.reporter.say(eval_line(summary))

@@ -48,6 +48,12 @@ class FailureKind(enum.StrEnum):
     ENV_REPLAY = "env_replay"
     """Resuming by replaying the recorded actions did not reproduce the recorded
     observations (the env is not deterministic from its seed)."""
+    ENV_UNAVAILABLE = "env_unavailable"
+    """The env server running the episode died, refused it or dropped its session
+    (``[env] url``/``urls``); the episode is retried on a fresh session elsewhere."""
+    ENV_PROTOCOL = "env_protocol"
+    """The env server answered with something that is not the OpenEnv protocol (not
+    JSON, a missing field, a message of the wrong type)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

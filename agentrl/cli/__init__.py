@@ -9,6 +9,7 @@ be replayed. Start with:
     agentrl train CONFIG.toml [--key.sub=V]  the whole job: rollouts, training, evaluation
     agentrl train --resume RUN_DIR           continue a killed or interrupted run
     agentrl top RUN_DIR                      live view of a run (from another terminal)
+    agentrl serve-env ENV_ID --port P        serve an env over OpenEnv (for [env] url)
     agentrl replay RUN_DIR [EPISODE]         list, show, verify, resume or fork episodes
     agentrl eval MODEL_OR_RUN_DIR --env ID   pass@k and avg@k on held-out tasks
     agentrl config --defaults                every config key with its default
@@ -47,12 +48,14 @@ from agentrl.cli.parsers import (
     _plot_parser,
     _replay_parser,
     _rollout_parser,
+    _serve_env_parser,
     _serve_parser,
     _top_parser,
     _train_parser,
 )
 from agentrl.cli.replay import _replay
 from agentrl.cli.rollout import _config, _rollout
+from agentrl.cli.serve_env import _serve_env
 from agentrl.cli.train import _audit, _serve, _train
 from agentrl.errors import AgentRLError
 
@@ -119,6 +122,7 @@ COMMANDS: dict[str, _Command] = {
     "config": _Command(_config_parser, _config),
     "train": _Command(_train_parser, _train, overrides=True),
     "serve": _Command(_serve_parser, _serve, overrides=True),
+    "serve-env": _Command(_serve_env_parser, _serve_env),
     "audit": _Command(_audit_parser, _audit),
     "top": _Command(_top_parser, _top),
     "plot": _Command(_plot_parser, _plot),

@@ -150,6 +150,52 @@ def _serve_parser(commands: Subparsers) -> None:
                        "are unauthenticated: expose them only on a private network)")  # fmt: skip
 
 
+def _serve_env_parser(commands: Subparsers) -> None:
+    serve = commands.add_parser(
+        "serve-env",
+        help="serve a registered env over the OpenEnv protocol (for [env] url/urls)",
+        description="Serve ENV_ID to OpenEnv clients (agentrl's [env] url/urls, or openenv-core's "
+        "own clients): GET /health, /metadata, /schema; POST /reset, /step; WebSocket /ws with "
+        "one env instance per session (reset, step, state, set_state, MCP tools/list and "
+        "tools/call). Runs in the foreground until SIGINT or SIGTERM.",
+    )
+    serve.add_argument("env_id", help="a registered id, e.g. agentrl/GuessNumber-v0")
+    _import_flag(serve, "import this module or .py file first (where your env registers itself)")
+    serve.add_argument("--port", type=int, default=8100)
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to bind (default 127.0.0.1; 0.0.0.0 for trainers on other "
+                       "machines: the protocol is unauthenticated, keep it on a private "
+                       "network)")  # fmt: skip
+    serve.add_argument(
+        "--kwargs",
+        type=json.loads,
+        default={},
+        metavar="JSON",
+        help="keyword arguments for each session's env, e.g. '{\"high\": 50}'",
+    )
+    serve.add_argument(
+        "--max-sessions",
+        type=int,
+        default=512,
+        help="sessions at once (each holds an env instance); default 512",
+    )
+    serve.add_argument(
+        "--idle-timeout-s",
+        type=float,
+        default=600.0,
+        help="close a session with no message for this long (default 600)",
+    )
+    serve.add_argument(
+        "--env-timeout-s",
+        type=float,
+        default=300.0,
+        help="deadline for one make, reset, step or set_state (default 300)",
+    )
+    serve.add_argument("--tool-timeout-s", type=float, default=300.0,
+                       help="deadline for one tool call on the server (default 300; the "
+                       "trainer's rollout.tool_timeout_s applies too)")  # fmt: skip
+
+
 def _audit_parser(commands: Subparsers) -> None:
     audit = commands.add_parser(
         "audit",

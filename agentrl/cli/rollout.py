@@ -41,6 +41,12 @@ def _rollout(args: argparse.Namespace, extra: list[str]) -> int:
     if args.server:
         overrides.append('--inference.mode="server"')
     config = RunConfig.load(args.config, overrides)
+    if config.env.remote:  # its env servers answer (and name the env if env.id is empty)
+        import dataclasses
+
+        from agentrl.remote import check_servers
+
+        config = dataclasses.replace(config, env=check_servers(config.env))
     if not config.env.id:
         raise ConfigError("give the env id to roll out (or --resume --out RUN_DIR)")
     import_env_modules(config.env.imports)

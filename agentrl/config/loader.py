@@ -102,7 +102,10 @@ class RunConfig:
             ConfigError: naming the key, the value and what is allowed.
         """
         if not self.env.id:
-            raise ConfigError("env.id is required: a registered env id, e.g. agentrl/Calculator-v0")
+            raise ConfigError(
+                "env.id is required: a registered env id, e.g. agentrl/Calculator-v0 "
+                "(or env.url, an env server that names its env)"
+            )
         for key in ("rollout.temperature", "eval.temperature"):
             if not _get(self, key) > 0:
                 raise ConfigError(

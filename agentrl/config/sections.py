@@ -122,8 +122,45 @@ class EnvConfig:
     dataset: str = ""
     """Tasks from a dataset (JSONL/Parquet/CSV file, folder or hub name): id becomes
     agentrl/Dataset-v0; kwargs give verifier (required), split, prompt_column, tools."""
+    url: str = ""
+    """An OpenEnv env server to run the episodes on (`agentrl serve-env`, or any
+    OpenEnv server), e.g. http://10.0.0.5:8100; id may be left empty: the server names it."""
+    urls: list[str] = dataclasses.field(default_factory=list)
+    """Several env servers serving env.id: sessions go to the least loaded; one that
+    dies fails only its episodes (env_unavailable), retried on the others."""
+    request_timeout_s: float = 60.0
+    """Deadline for one call to an env server (reset, step, state, a tool call); past it
+    the episode fails (env_timeout) and the server is left out until /health answers."""
+    reconnect_timeout_s: float = 120.0
+    """How long new episodes wait for an env server when none is up; then the run stops
+    (continue it with agentrl train --resume)."""
+    health_interval_s: float = 1.0
+    """Seconds between /health checks of each env server."""
 
     def __post_init__(self) -> None:
+        for name in ("request_timeout_s", "reconnect_timeout_s", "health_interval_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"env.{name} = {getattr(self, name)!r}; it must be > 0")
+        servers = self.servers
+        if len(set(servers)) != len(servers):
+            raise ConfigError(f"env.url and env.urls list a server twice: {servers}")
+        for url in servers:
+            if not url.startswith(("http://", "https://", "ws://", "wss://")):
+                raise ConfigError(
+                    f"env server {url!r} (env.url/env.urls) is not an http:// or ws:// URL, "
+                    f"e.g. http://127.0.0.1:8100"
+                )
+        if servers and (self.dataset or self.kwargs):
+            which = "env.dataset" if self.dataset else "env.kwargs"
+            raise ConfigError(
+                f"{which} with env servers (env.url/env.urls): the env is built on the server; "
+                f"give its arguments there (agentrl serve-env ID --kwargs JSON)"
+            )
+        if len(servers) > 1 and not self.id:
+            raise ConfigError(
+                "env.urls lists several env servers but env.id is empty; name the env they "
+                "serve (each server's id is checked against it)"
+            )
         if not self.dataset:
             return
         if self.id not in ("", DATASET_ENV_ID):
@@ -140,6 +177,16 @@ class EnvConfig:
         # the env id and constructor argument every consumer of [env] reads
         object.__setattr__(self, "id", DATASET_ENV_ID)
         object.__setattr__(self, "kwargs", {**self.kwargs, "dataset": self.dataset})
+
+    @property
+    def servers(self) -> list[str]:
+        """The env servers' base URLs (env.url, then env.urls), without a trailing /."""
+        return [u.rstrip("/") for u in ([self.url] if self.url else []) + list(self.urls)]
+
+    @property
+    def remote(self) -> bool:
+        """Whether the episodes run on env servers (env.url or env.urls)."""
+        return bool(self.url or self.urls)
 
 
 @_frozen

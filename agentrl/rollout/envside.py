@@ -24,7 +24,7 @@ from agentrl.chat import Conversation, as_messages
 from agentrl.chat.formats import ChatFormat
 from agentrl.config import RolloutConfig
 from agentrl.env import EnvHandle, supports_state
-from agentrl.errors import InfraError
+from agentrl.errors import InfraError, RemoteEnvError
 from agentrl.metrics import Metrics
 from agentrl.rollout.episode import EnvFailure, EpisodeState
 from agentrl.rollout.verify import verify_log
@@ -64,6 +64,9 @@ class EnvCalls:
                 env = await asyncio.to_thread(make)
                 result = await asyncio.to_thread(verify_log, env, ep.task, ep.env_log)
             difference = result.difference
+        except RemoteEnvError as e:  # its env server went away: nothing was learnt
+            logger.info("the replay check of %s was skipped: %s", ep.episode_id, e)
+            return
         except Exception as e:  # a replay that raises does not replay either
             difference = f"replaying raised {type(e).__name__}: {e}"
         if difference is None:
@@ -101,6 +104,7 @@ class EnvCalls:
     async def _start(self, ep: EpisodeState) -> None:
         task = ep.task
         ep.handle = await self._env_call(ep.timings, "make", self._build, task)
+        await self._env_call(ep.timings, "open", ep.handle.open, deadline=False)
         obs, ep.info = await self._env_call(
             ep.timings, "reset", checked_reset, ep.handle, task.seed, task.options, task.env_id
         )
@@ -119,6 +123,7 @@ class EnvCalls:
         task = ep.task
         ep.timings = dataclasses.replace(p.timings)
         ep.handle = await self._env_call(ep.timings, "make", self._build, task)
+        await self._env_call(ep.timings, "open", ep.handle.open, deadline=False)
         obs, ep.info = await self._env_call(
             ep.timings, "reset", checked_reset, ep.handle, task.seed, task.options, task.env_id
         )
@@ -203,17 +208,23 @@ class EnvCalls:
         return EnvHandle(env, executor)
 
     async def _env_call(
-        self, timings: Timings, name: str, fn: Callable[..., Any], *args: Any
-    ) -> Any:
-        """Await an env call under the env deadline; its failures fail the episode."""
+        self, timings: Timings, name: str, fn: Callable[..., Any], *args: Any,
+        deadline: bool = True,
+    ) -> Any:  # fmt: skip
+        """Await an env call under the env deadline (unless ``deadline`` is False: a
+        remote env waiting for a server, bounded by ``env.reconnect_timeout_s``); its
+        failures fail the episode."""
         t0 = time.perf_counter()
         try:
-            async with asyncio.timeout(self.config.env_timeout_s):
+            async with asyncio.timeout(self.config.env_timeout_s if deadline else None):
                 return await fn(*args)
         except TimeoutError:
             raise EnvFailure(
-                FailureKind.ENV_TIMEOUT, f"{name} took longer than {self.config.env_timeout_s} s"
+                FailureKind.ENV_TIMEOUT,
+                f"{name} took longer than {self.config.env_timeout_s} s (rollout.env_timeout_s)",
             ) from None
+        except RemoteEnvError as e:
+            raise remote_failure(e) from e
         except (InfraError, EnvFailure, asyncio.CancelledError):
             raise
         except Exception as e:
@@ -222,6 +233,15 @@ class EnvCalls:
             ) from e
         finally:
             timings.env_s += time.perf_counter() - t0
+
+
+def remote_failure(error: RemoteEnvError) -> EnvFailure:
+    """The episode failure of a failed env-server call (its kind, its message)."""
+    try:
+        kind = FailureKind(error.kind)
+    except ValueError:
+        kind = FailureKind.ENV_EXCEPTION
+    return EnvFailure(kind, str(error))
 
 
 def context_full(max_len: int) -> str:

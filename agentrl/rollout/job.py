@@ -17,6 +17,7 @@ task as the group, scored by :mod:`agentrl.rollout.evaluation`). The run directo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import time
@@ -160,7 +161,22 @@ async def run_rollout(job: RolloutJob, *, resume: bool = False) -> dict[str, Any
 
 async def _run(job: RolloutJob, client: Any, tokenizer: Any, store: EpisodeStore,
                todo: list[Task], already: int, resume: bool) -> dict[str, Any]:  # fmt: skip
-    """The episodes still to do, through one scheduler, with the progress bar."""
+    """The episodes still to do, through one scheduler, with the progress bar (their
+    envs on the env servers of ``[env] url``/``urls``, if the config names some)."""
+    cfg = job.config
+    async with contextlib.AsyncExitStack() as stack:
+        extra = {}
+        if cfg.env.remote:  # the episodes run on env servers ([env] url/urls)
+            from agentrl.remote import EnvServerPool
+
+            pool = await stack.enter_async_context(EnvServerPool.from_config(cfg.env))
+            extra["make"] = pool.make
+        return await _run_scheduler(job, client, tokenizer, store, todo, already, resume, extra)
+
+
+async def _run_scheduler(job: RolloutJob, client: Any, tokenizer: Any, store: EpisodeStore,
+                         todo: list[Task], already: int, resume: bool,
+                         extra: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from agentrl.chat.formats import resolve_chat_format
@@ -172,7 +188,8 @@ async def _run(job: RolloutJob, client: Any, tokenizer: Any, store: EpisodeStore
     cfg = job.config
     async with StoreWriter(store) as writer:
         runner = EpisodeRunner(client, tokenizer, cfg.rollout, checkpoint=writer.partial,
-                               chat=resolve_chat_format(tokenizer, cfg.model))  # fmt: skip
+                               chat=resolve_chat_format(tokenizer, cfg.model),
+                               **extra)  # fmt: skip
         queue = TrajectoryQueue(max(job.episodes // cfg.rollout.group_size, 1))
         tune_gc()
         done = {"episodes": already}
@@ -230,7 +247,8 @@ def _prepare(job: RolloutJob, out: Path) -> tuple[str, Any]:
     from agentrl.models import resolve_model
 
     try:
-        make_env(job.env_id, **job.config.env.kwargs).close()
+        if not job.config.env.remote:  # envs on env servers were checked by check_servers
+            make_env(job.env_id, **job.config.env.kwargs).close()
     except gym.error.Error as e:
         raise ConfigError(f"cannot make env {job.env_id!r}: {e}") from e
     out.mkdir(parents=True, exist_ok=True)

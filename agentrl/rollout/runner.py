@@ -45,7 +45,7 @@ from agentrl.chat import Conversation, as_messages
 from agentrl.chat.formats import ChatFormat, resolve_chat_format
 from agentrl.config import RolloutConfig
 from agentrl.env import make_env
-from agentrl.errors import ContextOverflowError, InfraError
+from agentrl.errors import ContextOverflowError, InfraError, RemoteEnvError
 from agentrl.inference.base import InferenceClient
 from agentrl.metrics import Metrics
 from agentrl.rollout.envside import (
@@ -58,6 +58,7 @@ from agentrl.rollout.envside import (
     jsonable,
     log_step,
     log_tool,
+    remote_failure,
     sampled_tokens,
 )
 from agentrl.rollout.episode import (
@@ -287,6 +288,11 @@ class EpisodeRunner(EnvCalls):
         t0 = time.perf_counter()
         results = [await ep.toolset.call(c) for c in parsed.calls] + list(parsed.errors)
         ep.timings.tools_s += time.perf_counter() - t0
+        if ep.handle is not None:  # a remote env whose server went away during the calls
+            try:
+                ep.handle.raise_if_lost()
+            except RemoteEnvError as e:
+                raise remote_failure(e) from e
         for call, result in zip(parsed.calls, results, strict=False):
             if result.error not in TOOL_NEVER_RAN:
                 ep.env_log.append(self._logged(ep, log_tool(call, result)))

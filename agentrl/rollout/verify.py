@@ -20,7 +20,7 @@ from typing import Any
 
 from agentrl.chat import as_messages
 from agentrl.env import EnvHandle, supports_state
-from agentrl.tools import Tool, ToolCall, ToolSet
+from agentrl.tools import ToolCall, ToolSet
 from agentrl.types import Task
 
 
@@ -34,7 +34,7 @@ class VerifyResult:
 
 def verify_log(env: Any, task: Task, log: list[dict[str, Any]]) -> VerifyResult:
     """Reset ``env`` (fresh) with the task's seed, replay ``log``, compare every entry."""
-    toolset = ToolSet([Tool(fn) for fn in EnvHandle(env).tools])
+    toolset = ToolSet(EnvHandle(env).tools)
     try:
         obs, _ = env.reset(seed=task.seed, options=task.options)
         problem = _compare(log[0], {"obs": obs}, env, "reset") if log else None

@@ -16,6 +16,7 @@ model.
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import inspect
 import json
@@ -153,6 +154,9 @@ class ToolSet:
         self.tools: dict[str, Tool] = {}
         for item in tools:
             tool = item if isinstance(item, Tool) else Tool(item, timeout_s=timeout_s)
+            if tool.timeout_s is None:  # a tool that takes its set's deadline (a remote one)
+                tool = copy.copy(tool)
+                tool.timeout_s = timeout_s
             if tool.name in self.tools:
                 raise ValueError(f"two tools are named {tool.name!r}")
             self.tools[tool.name] = tool
@@ -198,5 +202,7 @@ class ToolSet:
             )
         except Exception as e:
             return ToolResult(call.name, f"Error: {type(e).__name__}: {e}", "tool_exception")
+        if isinstance(value, ToolResult):  # a tool that ran elsewhere (an env server) says
+            return ToolResult(call.name, value.content, value.error)  # how it went itself
         content = value if isinstance(value, str) else json.dumps(value, default=str)
         return ToolResult(call.name, content)

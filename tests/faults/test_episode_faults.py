@@ -288,15 +288,16 @@ def _fresh_env_state() -> Iterable[None]:
 
 CONTEXT_FULL = ("context window full (512 tokens): raise inference.max_model_len "
                 "(agentrl rollout --max-model-len N)")  # fmt: skip
+STEP_HANGS = "env_timeout: step took longer than 0.5 s (rollout.env_timeout_s)"
 ENV_FAULTS = [
     pytest.param("tests/Fault-v0", "reset_raises", "failed",
                  "env_exception: reset raised RuntimeError: reset exploded", id="reset-raises"),
     pytest.param("tests/Fault-v0", "step_raises", "failed",
                  "env_exception: step raised ValueError: step exploded", id="step-raises"),
     pytest.param("tests/Fault-v0", "step_hangs", "failed",
-                 "env_timeout: step took longer than 0.5 s", id="sync-step-hangs"),
+                 STEP_HANGS, id="sync-step-hangs"),
     pytest.param("tests/FaultAsync-v0", "none", "failed",
-                 "env_timeout: step took longer than 0.5 s", id="async-step-hangs"),
+                 STEP_HANGS, id="async-step-hangs"),
     pytest.param("tests/Fault-v0", "reset_huge_obs", "truncated", CONTEXT_FULL,
                  id="reset-obs-beyond-context"),
     pytest.param("tests/Fault-v0", "step_huge_obs", "truncated", CONTEXT_FULL,
@@ -441,7 +442,7 @@ async def test_hung_env_steps_do_not_starve_the_rest_of_the_run(tokenizer: Any) 
         _RELEASE.set()
     assert_accounted(run, workers + 2, group_size=1)
     assert {t.reason for t in run.final if t.seed == BAD_SEED} == {
-        f"env_timeout: step took longer than {timeout_s} s"
+        f"env_timeout: step took longer than {timeout_s} s (rollout.env_timeout_s)"
     }
     later = [(t.status, t.reason) for t in run.final if t.seed != BAD_SEED]
     assert later == [("finished", "spoke twice")] * 2
