@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import dataclasses
 import functools
 import json
@@ -88,6 +89,10 @@ class EnvCalls:
         """Close the env under the env deadline; a failing close must not lose the episode."""
         assert ep.handle is not None
         error = None
+        if ep.toolset is not None:  # the episode's tool sessions (MCP), before the env
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.config.env_timeout_s):
+                    await ep.toolset.aclose()
         try:
             async with asyncio.timeout(self.config.env_timeout_s):
                 await ep.handle.close()

@@ -20,9 +20,12 @@ import copy
 import dataclasses
 import inspect
 import json
+import logging
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal, Protocol
+
+logger = logging.getLogger(__name__)
 
 ToolErrorKind = Literal[
     "malformed_json", "cut_off", "unknown_tool", "bad_arguments", "tool_exception", "timeout"
@@ -152,8 +155,12 @@ class ToolSet:
 
     def __init__(self, tools: Iterable[Callable[..., Any] | Tool], *, timeout_s: float = 10.0):
         self.tools: dict[str, Tool] = {}
+        sessions: dict[Any, Any] = {}  # what tools of one server share in this episode
         for item in tools:
             tool = item if isinstance(item, Tool) else Tool(item, timeout_s=timeout_s)
+            for_episode = getattr(tool, "for_episode", None)
+            if callable(for_episode):  # a tool with a session per episode (an MCP server's)
+                tool = for_episode(sessions)
             if tool.timeout_s is None:  # a tool that takes its set's deadline (a remote one)
                 tool = copy.copy(tool)
                 tool.timeout_s = timeout_s
@@ -165,6 +172,17 @@ class ToolSet:
     @property
     def schemas(self) -> list[dict[str, Any]]:
         return [t.schema for t in self.tools.values()]
+
+    async def aclose(self) -> None:
+        """Close what the tools hold for this episode (an MCP session); never raises."""
+        for tool in self.tools.values():
+            aclose = getattr(tool, "aclose", None)
+            if callable(aclose):
+                try:
+                    await aclose()
+                except Exception as e:  # the episode's result stands; say what failed
+                    logger.warning("closing tool %s failed: %s: %s", tool.name,
+                                   type(e).__name__, e)  # fmt: skip
 
     def parse(
         self, text: str, parser: ToolCallParser, *, finish_reason: str = "stop", turn: int = 0

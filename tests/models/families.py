@@ -266,26 +266,27 @@ def script(*replies: str) -> Callable[[Sequence[int]], str]:
 
 async def run_task(
     client: Any, tokenizer: Any, *, max_tokens: int = 120, model: ModelConfig | None = None,
-    temperature: float = 1.0, **env_kwargs: Any,
+    temperature: float = 1.0, env_id: str = "tests/FamilyAdd-v0", **env_kwargs: Any,
 ) -> tuple[tuple[Trajectory, ...], EpisodeRunner]:  # fmt: skip
-    """One episode of :class:`AddEnv` against ``client``, read as ``model`` says."""
+    """One episode of :class:`AddEnv` (or ``env_id``, an env like it) against ``client``,
+    read as ``model`` says."""
     config = RolloutConfig(max_turns=6, max_tool_calls=4, max_tokens_per_turn=max_tokens,
                            temperature=temperature)  # fmt: skip
     chat = resolve_chat_format(tokenizer, model)
     runner = EpisodeRunner(client, tokenizer, config, chat=chat)
-    task = Task("t#0", "tests/FamilyAdd-v0", 0, env_kwargs=env_kwargs)
+    task = Task("t#0", env_id, 0, env_kwargs=env_kwargs)
     trajectories = await runner.run(task, "t#0/0")
     return tuple(trajectories), runner
 
 
 async def run_episode(
     tokenizer: Any, fam: Family, replies: list[str], *, max_tokens: int = 120,
-    model: ModelConfig | None = None, **env_kwargs: Any,
+    model: ModelConfig | None = None, env_id: str = "tests/FamilyAdd-v0", **env_kwargs: Any,
 ) -> tuple[tuple[Trajectory, ...], FamilyClient, EpisodeRunner]:  # fmt: skip
-    """One episode of :class:`AddEnv` with ``replies`` as the model's turns."""
+    """One episode of :class:`AddEnv` (or ``env_id``) with ``replies`` as the model's turns."""
     client = FamilyClient(tokenizer, script(*replies), fam.eos)
     trajectories, runner = await run_task(client, tokenizer, max_tokens=max_tokens,
-                                          model=model, **env_kwargs)  # fmt: skip
+                                          model=model, env_id=env_id, **env_kwargs)  # fmt: skip
     return trajectories, client, runner
 
 

@@ -41,16 +41,20 @@ class TaughtModel:
     """The episode's token record the model was taught (prompt, sampled and rendered)."""
 
 
-def build_family_model(fam: Family, parent: Path) -> TaughtModel:
-    """The taught model of ``fam`` under ``parent`` (built if it is not there yet). Runs
-    an event loop of its own: call it outside one (a sync fixture)."""
-    folder = parent / f"family-{fam.name}"
+def build_family_model(fam: Family, parent: Path, *,
+                       env_id: str = "tests/FamilyAdd-v0") -> TaughtModel:  # fmt: skip
+    """The taught model of ``fam`` under ``parent`` (built if it is not there yet), taught
+    the episode of ``env_id`` (AddEnv, or an env like it: the same task, its tools from
+    elsewhere). Runs an event loop of its own: call it outside one (a sync fixture)."""
+    tag = "" if env_id == "tests/FamilyAdd-v0" else "-" + env_id.replace("/", "-")
+    folder = parent / f"family-{fam.name}{tag}"
     marker = folder / "taught.json"
     if marker.is_file():
         return TaughtModel(fam, folder, json.loads(marker.read_text())["token_ids"])
     tokenizer = build_tokenizer(fam)
     replies = [thinking(fam, CALLS[fam.tool_format]), thinking(fam, "Answer: 5")]
-    (traj,), _, _ = asyncio.run(run_episode(tokenizer, fam, replies, model=SETTINGS))
+    (traj,), _, _ = asyncio.run(run_episode(tokenizer, fam, replies, model=SETTINGS,
+                                            env_id=env_id))  # fmt: skip
     assert traj.status == "finished" and traj.reward == 1.0, traj.reason
     ids, mask = traj.token_ids.tolist(), traj.loss_mask.tolist()
     parent.mkdir(parents=True, exist_ok=True)
