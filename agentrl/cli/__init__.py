@@ -20,6 +20,8 @@ be replayed. Start with:
 from __future__ import annotations
 
 import argparse
+import atexit
+import contextlib
 import dataclasses
 import logging
 import os
@@ -92,6 +94,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     except AgentRLError as e:
         print(f"agentrl: error: {e}", file=sys.stderr)
         return 1
+    finally:
+        _TEARDOWN["quiet"] = not args.verbose
+
+
+_TEARDOWN = {"quiet": False}
+
+
+def _quiet_teardown() -> None:
+    """Once a command has ended, what the interpreter prints while it tears down goes
+    nowhere: hundreds of "nanobind: leaked ..." lines from triton, imported by vLLM,
+    would otherwise follow the results. Registered when this module is imported, before
+    vLLM or torch register theirs, so it runs after every other atexit handler; only
+    module teardown comes after it. ``agentrl -v`` keeps that output."""
+    if not _TEARDOWN["quiet"]:
+        return
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    with contextlib.suppress(OSError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
+
+
+atexit.register(_quiet_teardown)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -24,7 +24,8 @@ def test_rollout_writes_every_episode(tmp_path: Path, model_cache: Path) -> None
         capture_output=True, text=True, timeout=600, env=env,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "8 episodes of agentrl/Calculator-v0" in out.stdout
+    assert "8 episodes of agentrl/Calculator-v0" in out.stdout.splitlines()[-1]
+    assert "leaked" not in out.stderr, "interpreter teardown noise after the results"
     lines = (tmp_path / "run" / "trajectories.jsonl").read_text().splitlines()
     trajectories = [Trajectory.from_json(json.loads(line)) for line in lines]
     assert len({t.episode_id for t in trajectories}) == 8
