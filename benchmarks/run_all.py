@@ -24,6 +24,7 @@ BENCHMARKS = [
     ("weight_update", "bench_weight_update.py", []),
     ("cpu_trainer", "bench_cpu_trainer.py", []),
     ("sandbox", "bench_sandbox.py", []),
+    ("remote_env", "bench_remote_env.py", []),
 ]
 
 

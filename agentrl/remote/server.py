@@ -297,9 +297,12 @@ class EnvServer:
 
     # -- sessions ---------------------------------------------------------------------------
 
-    async def _ws(self, request: web.Request) -> web.WebSocketResponse:
+    async def _ws(self, request: web.Request) -> web.StreamResponse:
         ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE_BYTES)
-        await ws.prepare(request)
+        try:
+            await ws.prepare(request)
+        except ConnectionError:  # the client left during the handshake (e.g. its run ended)
+            return web.Response(status=400)  # never sent: aiohttp drops it quietly
         if len(self.sessions) >= self.max_sessions:
             self.counters["sessions_refused"] += 1
             await ws.send_json(P.error(
@@ -336,8 +339,10 @@ class EnvServer:
                 await ws.send_str(self._encode(reply))
                 if session.broken:
                     break
-        except (ConnectionError, asyncio.CancelledError):
-            pass  # the client went away (or the server stops): the env is closed below
+        except ConnectionError:
+            pass  # the client went away: the env is closed below
+        except asyncio.CancelledError:
+            raise  # the server stops (or aiohttp cancels a dropped client's handler)
         finally:
             del self.sessions[session.id]
             await self._close_env(session)
@@ -528,6 +533,10 @@ class EnvServer:
         handle, session.handle = session.handle, None
         if handle is None:
             return
+        if session.toolset is not None:  # its tools' sessions (MCP) end with it
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.env_timeout_s):
+                    await session.toolset.aclose()
         try:
             if session.broken:  # its thread is stuck: close in a spare one, do not wait long
                 async with asyncio.timeout(1.0):

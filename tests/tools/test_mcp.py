@@ -122,7 +122,9 @@ def test_a_session_per_episode_or_one_shared(call_log: Path) -> None:
     assert len(set(_pids(call_log))) == 1, "one session for all episodes"
 
 
-def test_a_server_that_dies_fails_the_call_then_starts_again(call_log: Path) -> None:
+def test_a_server_that_dies_fails_the_call_then_starts_again(
+    call_log: Path, record_fault: Any
+) -> None:
     async def run() -> list[Any]:
         toolset = ToolSet(from_mcp(SERVER, env={LOG: str(call_log)}), timeout_s=10.0)
         first = await toolset.call(ToolCall("add", {"a": 1, "b": 2}))
@@ -135,6 +137,8 @@ def test_a_server_that_dies_fails_the_call_then_starts_again(call_log: Path) -> 
         return [first, lost, again, pid]
 
     first, lost, again, pid = asyncio.run(run())
+    record_fault("MCP server SIGKILLed mid-episode", injected=1,
+                 survived=int(again.content == "7"), lost=0)  # fmt: skip
     assert (first.content, first.error) == ("3", None)
     assert lost.error == "tool_exception" and "calc_server.py failed" in lost.content, lost
     assert (again.content, again.error) == ("7", None)
