@@ -295,7 +295,9 @@ async def _train(out: _RunOutput, model_path: str, store: EpisodeStore, display:
         loop = TrainLoop(trainer, publisher, scheduler, queue, cfg.train, store=store,
                          checkpoint_dir=out.run_dir / "checkpoints",
                          on_step=_on_step(out, display, periodic),
-                         tracer=tracer, group_size=cfg.rollout.group_size)  # fmt: skip
+                         tracer=tracer, group_size=cfg.rollout.group_size,
+                         sleeper=_EngineSleep(client) if cfg.inference.sleep_during_train
+                         else None)  # fmt: skip
         status.attach(trainer=trainer, runner=runner, queue=queue, loop=loop, pool=pool)
         tune_gc()
         if resume:
@@ -337,16 +339,61 @@ async def _start_trainer(cfg: RunConfig, model_path: str, accelerator: Any, resu
     trainer = await asyncio.to_thread(Trainer, model_path, cfg.trainer,
                                       temperature=cfg.rollout.temperature, seed=cfg.run.seed,
                                       accelerator=accelerator)  # fmt: skip
-    if trainer.sharded and (cfg.train.checkpoint_every or resume):
-        raise ConfigError(
-            "trainer checkpoints of FSDP2 runs are not written yet (the optimizer state is "
-            "sharded); set train.checkpoint_every = 0, or train with DDP"
-        )
     reporter.say(trainer.placement())
+    _check_colocated(cfg, trainer, reporter)
     if trainer.world > 1:
         reporter.say(f"training on {trainer.world} processes "
                      f"({trainer.accelerator.distributed_type}); this is rank 0")  # fmt: skip
     return trainer
+
+
+def _check_colocated(cfg: RunConfig, trainer: Trainer, reporter: Reporter) -> None:
+    """With the trainer on a GPU and vLLM in this process: check that both fit on it
+    (an estimate, :func:`agentrl.trainer.placement.colocated_plan`) before vLLM starts,
+    and say the budget.
+
+    Raises:
+        ConfigError: they do not fit (naming the settings that would), or
+            ``inference.sleep_during_train`` without a GPU trainer.
+    """
+    if trainer.device.type != "cuda":
+        if cfg.inference.sleep_during_train:
+            raise ConfigError(
+                "inference.sleep_during_train needs the trainer and vLLM on a GPU (vLLM's "
+                f"sleep mode); the trainer is on {trainer.device}"
+            )
+        return
+    if cfg.inference.mode != "engine":
+        return
+    import torch
+
+    from agentrl.trainer.placement import colocated_error, colocated_plan
+
+    total = torch.cuda.get_device_properties(trainer.device).total_memory
+    params = sum(p.numel() for p in trainer.unwrapped.parameters())
+    plan = colocated_plan(trainer.unwrapped.config, params, cfg.trainer, cfg.inference,
+                          precision=trainer.precision, chunked=trainer.chunked_logprob,
+                          total=total)  # fmt: skip
+    if not plan.fits():
+        raise colocated_error(plan, cfg.trainer, cfg.inference)
+    reporter.say(f"one GPU for the trainer and vLLM: {plan.describe()}")
+
+
+class _EngineSleep:
+    """vLLM asleep during each train step (``inference.sleep_during_train``): level 1,
+    then the trainer's cached free blocks go back to the GPU before vLLM wakes."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+
+    async def sleep(self) -> None:
+        await self.engine.sleep()
+
+    async def wake_up(self) -> None:
+        import torch
+
+        torch.cuda.empty_cache()
+        await self.engine.wake_up()
 
 
 def _on_step(out: _RunOutput, display: Any,

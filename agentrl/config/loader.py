@@ -120,6 +120,19 @@ class RunConfig:
                 f"below inference.max_model_len ({self.inference.max_model_len})"
             )
         self._check_servers()
+        self._check_sleep()
+
+    def _check_sleep(self) -> None:
+        if not self.inference.sleep_during_train:
+            return
+        for key, want, why in (("train.mode", "sync", "nothing is sampled during a step"),
+                               ("inference.mode", "engine", "vLLM in this process"),
+                               ("eval.every", 0, "no evaluation beside training")):  # fmt: skip
+            value = _get(self, key)
+            if value != want:
+                raise ConfigError(
+                    f"inference.sleep_during_train needs {key} = {want!r} ({why}); it is {value!r}"
+                )
 
     def _check_servers(self) -> None:
         i = self.inference

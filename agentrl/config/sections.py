@@ -225,11 +225,25 @@ class InferenceConfig:
     RAM folder on this machine. Servers on other machines need a shared folder."""
     weight_transfer: str | None = None
     """vLLM weight-transfer backend for file-less updates ('nccl', GPU, engine mode)."""
+    gpu_memory_utilization: float | None = None
+    """On a GPU: the share of its memory vLLM takes for weights and KV cache (vLLM's
+    own setting); unset: weights plus kv_cache_mib. With the trainer on the same GPU
+    (engine mode) the two budgets are checked together at start."""
+    sleep_during_train: bool = False
+    """train.mode = "sync" on one GPU: put vLLM to sleep (level 1: weights to CPU, KV
+    cache freed) for each train step and wake it to publish (needs a GPU: vLLM's sleep
+    mode)."""
 
     def __post_init__(self) -> None:
         _at_least("inference", self, 2, "max_model_len")
         _at_least("inference", self, 1, "kv_cache_mib", "max_num_seqs", "num_servers")
         _at_least("inference", self, 0, "max_restarts")
+        share = self.gpu_memory_utilization
+        if share is not None and not 0 < share <= 1:
+            raise ConfigError(
+                f"inference.gpu_memory_utilization = {share!r}; it must be in (0, 1], "
+                f"e.g. 0.3 to leave the rest of the GPU to the trainer"
+            )
         for name in ("startup_timeout_s", "request_timeout_s", "reconnect_timeout_s",
                      "health_interval_s"):  # fmt: skip
             if not getattr(self, name) > 0:

@@ -88,7 +88,12 @@ class VLLMEngineClient(VLLMClientBase):
             model=model_path,
             dtype=config.dtype,
             max_model_len=config.max_model_len,
-            kv_cache_memory_bytes=config.kv_cache_bytes,
+            **(
+                {"gpu_memory_utilization": config.gpu_memory_utilization}
+                if config.gpu_memory_utilization is not None
+                else {"kv_cache_memory_bytes": config.kv_cache_bytes}
+            ),
+            enable_sleep_mode=config.sleep_during_train,
             enforce_eager=config.enforce_eager,
             **({} if seed is None else {"seed": seed}),
             enable_lora=max_lora_rank is not None,
@@ -269,6 +274,18 @@ class VLLMEngineClient(VLLMClientBase):
             await asyncio.to_thread(send)
 
         return await self._update("pushing weights", load, version, keep_inflight)
+
+    async def sleep(self) -> None:
+        """Free the GPU for a train step: vLLM's sleep level 1 (weights to CPU memory, KV
+        cache dropped); nothing may be in flight. Needs ``inference.sleep_during_train``."""
+        if self._inflight.ids():
+            raise WeightSyncError("vLLM cannot sleep with requests in flight (train.mode "
+                                  "must be 'sync' for inference.sleep_during_train)")  # fmt: skip
+        await self._engine.sleep(level=1)
+
+    async def wake_up(self) -> None:
+        """Back from :meth:`sleep`: weights on the GPU again, a fresh KV cache."""
+        await self._engine.wake_up()
 
     async def close(self) -> None:
         if self._closed:

@@ -73,8 +73,13 @@ class TrainLoop:
         on_step: Callable[[StepRecord], Any] | None = None,
         tracer: Tracer | None = None,
         group_size: int | None = None,
+        sleeper: Any = None,
     ) -> None:
         self.trainer = trainer
+        self.sleeper = sleeper
+        """With ``inference.sleep_during_train`` (sync mode, one GPU): the engine, put
+        to sleep for each train step (``await sleeper.sleep()``) and woken to publish
+        (``await sleeper.wake_up()``)."""
         self.publisher = publisher
         self.scheduler = scheduler
         self.queue = queue
@@ -204,7 +209,13 @@ class TrainLoop:
             await loop.run_in_executor(
                 self._executor, broadcast_groups, groups, self.trainer.accelerator
             )
-        stats = await loop.run_in_executor(self._executor, self.trainer.train_step, groups)
+        if self.sleeper is not None:
+            await self.sleeper.sleep()
+        try:
+            stats = await loop.run_in_executor(self._executor, self.trainer.train_step, groups)
+        finally:
+            if self.sleeper is not None:
+                await self.sleeper.wake_up()
         train_s = time.perf_counter() - t0
         self.busy["train_s"] += train_s
         self.tracer.span(f"train step {stats.step}", TRAINER, TRAIN_LANE, t0, t0 + train_s,

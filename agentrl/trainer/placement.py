@@ -14,6 +14,7 @@ the settings that lower the trainer's memory and what the step held.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
@@ -144,4 +145,103 @@ def memory_error(error: BaseException, config: TrainerConfig, *, device: torch.d
         f"({trainable / 1e6:,.0f}M trained: about {static / 2**30:.1f} GiB of fp32 weights, "
         f"gradients and AdamW state before any activation).{held} Settings that make it "
         f"fit: " + "; ".join(fixes) + "."
+    )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ColocatedPlan:
+    """What the trainer and an in-process vLLM engine need of one GPU (an estimate)."""
+
+    total: int
+    """The GPU's memory, bytes."""
+    trainer_static: int
+    """fp32 weights, gradients and AdamW moments of what is trained (the reference model
+    too): held all the time."""
+    trainer_activations: int
+    """One micro-batch's activations and logits at its peak: held during a step."""
+    vllm: int
+    """vLLM's weights and KV cache (its gpu_memory_utilization share when set)."""
+    sleeping: bool
+    """vLLM sleeps during train steps (``inference.sleep_during_train``)."""
+
+    @property
+    def peak(self) -> int:
+        if self.sleeping:  # the trainer's step and vLLM's share take turns
+            return self.trainer_static + max(self.trainer_activations, self.vllm)
+        return self.trainer_static + self.trainer_activations + self.vllm
+
+    def fits(self) -> bool:
+        return self.peak <= self.total
+
+    def describe(self) -> str:
+        gib = 2**30
+        return (f"trainer ~{self.trainer_static / gib:.1f} GiB held + ~"
+                f"{self.trainer_activations / gib:.1f} GiB per step, vLLM ~{self.vllm / gib:.1f}"
+                f" GiB{' (asleep during steps)' if self.sleeping else ''}: ~"
+                f"{self.peak / gib:.1f} of {self.total / gib:.1f} GiB")  # fmt: skip
+
+
+_VLLM_OVERHEAD = 2**30
+"""vLLM's own working memory besides weights and KV cache (activations, CUDA context)."""
+
+
+def colocated_plan(model_config: Any, parameters: int, trainer: TrainerConfig,
+                   inference: Any, *, precision: str, chunked: bool,
+                   total: int) -> ColocatedPlan:  # fmt: skip
+    """The estimate for the model of ``model_config`` (a transformers config) with
+    ``parameters`` parameters, the trainer and ``inference`` (an InferenceConfig) on one
+    GPU of ``total`` bytes.
+
+    Trainer: 16 bytes per trained parameter (fp32 weights, gradients, two AdamW
+    moments), 4 per frozen one (LoRA's base, a reference model); activations of one
+    micro-batch of ``micro_batch_tokens`` tokens: about 34 bytes per token, hidden unit and
+    layer in bf16 (Korthikanti et al., 2022, with FlashAttention), twice that in fp32,
+    one layer's worth with gradient checkpointing or activation offload, plus the
+    full-vocabulary logits in fp32 (twice, for their gradient) unless the logprob is
+    chunked. vLLM: ``gpu_memory_utilization`` of the GPU when set, else its weights in
+    ``inference.dtype``, the KV cache (``kv_cache_mib``) and 1 GiB of working memory.
+    """
+    text = model_config.get_text_config() if hasattr(model_config, "get_text_config") else (
+        model_config)  # fmt: skip
+    hidden, layers = int(text.hidden_size), int(text.num_hidden_layers)
+    vocab = int(text.vocab_size)
+    tokens = trainer.micro_batch_tokens
+    if trainer.lora.enabled:  # the adapters are small next to the frozen base
+        static = parameters * 4
+    else:
+        static = parameters * 16 + (parameters * 4 if trainer.loss.beta > 0 else 0)
+    per_layer = 34 * tokens * hidden * (1 if precision == "bf16" else 2)
+    kept_layers = 1 if trainer.gradient_checkpointing or trainer.activation_offload else layers
+    activations = per_layer * kept_layers + (tokens * hidden * layers * 2
+                                             if trainer.gradient_checkpointing else 0)  # fmt: skip
+    if not chunked:
+        activations += 2 * tokens * vocab * 4
+    if inference.gpu_memory_utilization is not None:
+        vllm = int(inference.gpu_memory_utilization * total)
+    else:
+        width = 4 if str(inference.dtype) in ("float32", "float") else 2
+        vllm = parameters * width + inference.kv_cache_bytes + _VLLM_OVERHEAD
+    return ColocatedPlan(total, static, activations, vllm, bool(inference.sleep_during_train))
+
+
+def colocated_error(plan: ColocatedPlan, trainer: TrainerConfig, inference: Any) -> ConfigError:
+    """The start-time error for a ``plan`` that does not fit: what would make it fit."""
+    fixes = []
+    if inference.gpu_memory_utilization is not None:
+        fixes.append(f"a smaller inference.gpu_memory_utilization (now "
+                     f"{inference.gpu_memory_utilization})")  # fmt: skip
+    else:
+        fixes.append(f"a smaller inference.kv_cache_mib (now {inference.kv_cache_mib})")
+    if not inference.sleep_during_train:
+        fixes.append("train.mode = 'sync' with inference.sleep_during_train = true (vLLM "
+                     "frees the GPU during each step)")  # fmt: skip
+    if not trainer.lora.enabled:
+        fixes.append("trainer.lora.enabled = true (no full gradients or AdamW state)")
+    if not trainer.gradient_checkpointing:
+        fixes.append("trainer.gradient_checkpointing = true")
+    fixes.append(f"a smaller trainer.micro_batch_tokens (now {trainer.micro_batch_tokens})")
+    fixes.append("inference.mode = 'server' with vLLM on another GPU")
+    return ConfigError(
+        f"the trainer and vLLM do not fit on one GPU together (an estimate: "
+        f"{plan.describe()}). Settings that make it fit: " + "; ".join(fixes) + "."
     )

@@ -111,14 +111,31 @@ class WeightPublisher:
         tmp = target.with_name(target.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        model = self.trainer.unwrapped
         if self.trainer.is_lora:
-            model.save_pretrained(tmp)  # adapter_model.safetensors + adapter_config.json
+            self.trainer.save_adapter(tmp)  # adapter_model.safetensors + adapter_config.json
         else:
-            state = {k: v.contiguous() for k, v in self.trainer.full_state_dict().items()}
+            state = untied({k: v.contiguous() for k, v in self.trainer.full_state_dict().items()})
             save_file(state, tmp / "model.safetensors", metadata={"format": "pt"})
         os.replace(tmp, target)
         return sum(f.stat().st_size for f in target.iterdir() if f.is_file())
 
     def close(self) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def untied(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` with one name per tensor: of names that share one tensor (tied input and
+    output embeddings, as in Qwen2.5-0.5B and 1.5B) the first is kept (the input
+    embeddings come first). safetensors refuses to write shared tensors, and a loader
+    of a model with ``tie_word_embeddings`` ties them again (vLLM skips ``lm_head`` then;
+    transformers re-ties on load)."""
+    seen: set[tuple[int, int, tuple[int, ...], Any]] = set()
+    out = {}
+    for name, tensor in state.items():
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(),
+               tuple(tensor.shape), tensor.dtype)  # fmt: skip
+        if tensor.numel() and key in seen:
+            continue
+        seen.add(key)
+        out[name] = tensor
+    return out
