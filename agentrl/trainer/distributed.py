@@ -13,7 +13,10 @@ so every rank runs as many micro-batches as the busiest one, padding with masked
 micro-batches.
 
 Groups cross as JSON (token arrays as lists) in one uint8 tensor: nothing is
-pickled. Under FSDP every rank joins the gathering of the full weights at the end of
+pickled (:mod:`agentrl.trainer.channel`). Under FSDP2 rank 0 also sends, through
+the same channel, a request to join a trainer checkpoint: gathering the sharded
+weights and optimizer state is a collective (:mod:`agentrl.trainer.checkpoint`).
+Under FSDP every rank joins the gathering of the full weights at the end of
 each step (``accelerator.get_state_dict``, a collective) and rank 0 receives them
 (on CPU), so it can publish and checkpoint them (:meth:`Trainer.full_state_dict`).
 
@@ -23,24 +26,27 @@ single-process step's, with uneven micro-batch counts across ranks, and rank 0 h
 the full weights. accelerate (1.15) ignores an FSDP plugin on CPU (it wraps in DDP),
 so the FSDP2 test sets accelerate's state to FSDP itself; accelerate's own FSDP2
 code (``prepare``, ``no_sync``, ``backward``, ``clip_grad_norm_``, ``get_state_dict``)
-then runs on ``torch.distributed.fsdp.fully_shard``. Not run yet: any GPU (NCCL),
-and LoRA publishing under FSDP2 (``save_pretrained`` of the sharded model). Known
-gap: under FSDP2 ``save_checkpoint`` fails on rank 0 (the optimizer state it saves
-holds DTensor shards; safetensors raises "Attempted to access the data pointer on
-an invalid python storage").
+then runs on ``torch.distributed.fsdp.fully_shard``. ``test_fsdp2_checkpoint.py``
+there covers LoRA under FSDP2 (the step equals one process's, the adapter rank 0
+publishes) and FSDP2 checkpoints (full and LoRA: saved at step k and resumed, a run
+ends where the uninterrupted run does). Not run yet: any GPU (NCCL). Under FSDP2 the final
+checkpoint ``agentrl train`` writes after the loop (at a step that is not a
+multiple of ``train.checkpoint_every``) is skipped: the other ranks have stopped
+following by then; ``--resume`` goes on from the last periodic checkpoint.
 """
 
 from __future__ import annotations
 
-import json
 import os
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentrl.config import RunConfig
 from agentrl.errors import ConfigError
-from agentrl.types import Group, Task, Trajectory
+from agentrl.trainer.channel import CheckpointRequest, broadcast, broadcast_groups
+
+__all__ = ["broadcast_groups", "follow", "follow_run", "launched_config", "launched_rank",
+           "make_accelerator", "start_distributed"]  # fmt: skip
 
 if TYPE_CHECKING:
     from agentrl.trainer.trainer import Trainer
@@ -101,51 +107,17 @@ def start_distributed(config: RunConfig) -> Any:
     return make_accelerator(config.trainer.device)
 
 
-def _encode(groups: Sequence[Group] | None) -> bytes:
-    if groups is None:
-        return b"null"
-    data = [
-        {"task": {"task_id": g.task.task_id, "env_id": g.task.env_id, "seed": g.task.seed,
-                  "options": g.task.options, "env_kwargs": g.task.env_kwargs},
-         "size": g.size, "trajectories": [t.to_json() for t in g.trajectories]}
-        for g in groups
-    ]  # fmt: skip
-    return json.dumps(data).encode()
-
-
-def _decode(raw: bytes) -> list[Group] | None:
-    data = json.loads(raw)
-    if data is None:
-        return None
-    return [
-        Group(Task(**g["task"]), g["size"], [Trajectory.from_json(t) for t in g["trajectories"]])
-        for g in data
-    ]
-
-
-def broadcast_groups(groups: Sequence[Group] | None, accelerator: Any) -> list[Group] | None:
-    """Rank 0 sends ``groups`` (None: stop); every rank returns what rank 0 sent."""
-    import torch
-    import torch.distributed as dist
-
-    device = accelerator.device
-    if accelerator.process_index == 0:
-        payload = torch.frombuffer(bytearray(_encode(groups)), dtype=torch.uint8).to(device)
-        size = torch.tensor([payload.numel()], dtype=torch.int64, device=device)
-    else:
-        size = torch.zeros(1, dtype=torch.int64, device=device)
-    dist.broadcast(size, src=0)
-    if accelerator.process_index != 0:
-        payload = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
-    dist.broadcast(payload, src=0)
-    return _decode(payload.cpu().numpy().tobytes())
-
-
 def follow(trainer: Trainer) -> int:
-    """Run on ranks other than 0: train on what rank 0 broadcasts until it says stop."""
+    """Run on ranks other than 0: train on what rank 0 broadcasts until it says stop,
+    joining the checkpoints it asks for; return the number of steps taken."""
+    from agentrl.trainer.checkpoint import save_checkpoint
+
     steps = 0
-    while (groups := broadcast_groups(None, trainer.accelerator)) is not None:
-        trainer.train_step(groups)
+    while (message := broadcast(None, trainer.accelerator)) is not None:
+        if isinstance(message, CheckpointRequest):
+            save_checkpoint(trainer, Path(message.root), message.keep)
+            continue
+        trainer.train_step(message)
         steps += 1
     return steps
 
@@ -154,11 +126,9 @@ def follow_run(config: RunConfig, run_dir: Path, *, resume: bool, accelerator: A
     """A rank other than 0 of ``agentrl train``: the same trainer, fed by rank 0's
     broadcasts; no vLLM, no store, no output.
 
-    With ``resume`` it loads the run's latest checkpoint, the one rank 0 loads.
-    Returns the number of optimizer steps taken.
-
-    Raises:
-        ConfigError: resuming a run trained with FSDP2 (its checkpoints are not written).
+    With ``resume`` it loads the run's latest checkpoint, the one rank 0 loads (under
+    FSDP2 together with rank 0: a collective). Returns the number of optimizer steps
+    taken.
     """
     from agentrl.env import import_env_modules, load_env_plugins
     from agentrl.models import resolve_model
@@ -173,10 +143,5 @@ def follow_run(config: RunConfig, run_dir: Path, *, resume: bool, accelerator: A
     if resume:
         folder = latest_checkpoint(run_dir / "checkpoints")
         if folder is not None:
-            if trainer.sharded:
-                raise ConfigError(
-                    "resuming a run trained with FSDP2 is not supported yet (its optimizer "
-                    "checkpoint is not written); start a new run, or train with DDP"
-                )
             load_checkpoint(trainer, folder)  # rank 0 loads the same checkpoint
     return follow(trainer)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.protocols import UpdateStats, WeightSync
+from agentrl.trainer.tied import untied
 from agentrl.trainer.trainer import Trainer
 
 
@@ -121,21 +122,3 @@ class WeightPublisher:
 
     def close(self) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)
-
-
-def untied(state: dict[str, Any]) -> dict[str, Any]:
-    """``state`` with one name per tensor: of names that share one tensor (tied input and
-    output embeddings, as in Qwen2.5-0.5B and 1.5B) the first is kept (the input
-    embeddings come first). safetensors refuses to write shared tensors, and a loader
-    of a model with ``tie_word_embeddings`` ties them again (vLLM skips ``lm_head`` then;
-    transformers re-ties on load)."""
-    seen: set[tuple[int, int, tuple[int, ...], Any]] = set()
-    out = {}
-    for name, tensor in state.items():
-        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(),
-               tuple(tensor.shape), tensor.dtype)  # fmt: skip
-        if tensor.numel() and key in seen:
-            continue
-        seen.add(key)
-        out[name] = tensor
-    return out

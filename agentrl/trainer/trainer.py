@@ -272,6 +272,26 @@ class Trainer:
             return self._full_state
         return {k: v.detach().contiguous() for k, v in self.unwrapped.state_dict().items()}
 
+    def gather_full_state(self) -> None:
+        """Under FSDP: gather the full weights onto rank 0's CPU, for :meth:`full_state_dict`.
+
+        A collective: every rank calls it (after each step, and after a checkpoint is
+        loaded); the other ranks keep an empty dict.
+        """
+        self._full_state = self.accelerator.get_state_dict(self.model)
+
+    def save_adapter(self, folder: str | os.PathLike[str]) -> None:
+        """Write a LoRA run's adapter as peft's files (``adapter_model.safetensors``,
+        ``adapter_config.json``) into ``folder``.
+
+        Under FSDP the adapter comes from the full weights gathered at the end of the
+        last step (rank 0; :meth:`full_state_dict`): the model's own are shards.
+        """
+        if self.sharded:
+            self.unwrapped.save_pretrained(folder, state_dict=self.full_state_dict())
+        else:
+            self.unwrapped.save_pretrained(folder)
+
     @property
     def unwrapped(self) -> Any:
         """The model without its distributed wrapper (for saving and adapter control)."""
@@ -445,7 +465,7 @@ class Trainer:
             self.optimizer.step()
         self.step += 1
         if self._sharded():  # FSDP: a collective on every rank; rank 0 gets the full weights
-            self._full_state = self.accelerator.get_state_dict(self.model)
+            self.gather_full_state()
         tokens = acc["tokens"]
         rewards = [t.reward for g in groups for t in g.trajectories if t.segment == 0]
         return StepStats(

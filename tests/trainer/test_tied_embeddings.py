@@ -62,3 +62,21 @@ def test_a_tied_model_publishes_and_loads_back_exactly(tied_model: Path, tmp_pat
         assert torch.equal(tensor, mine[name]), name
     before = AutoModelForCausalLM.from_pretrained(tied_model, dtype=torch.float32)
     assert not torch.equal(theirs["lm_head.weight"], before.lm_head.weight), "trained, not saved"
+
+
+def test_a_tied_model_checkpoints_and_resumes_exactly(tied_model: Path, tmp_path: Path) -> None:
+    from agentrl.trainer.checkpoint import load_checkpoint, save_checkpoint
+
+    first = Trainer(str(tied_model), TrainerConfig(lr=1e-2), temperature=1.0, seed=0)
+    first.train_step(synthetic_groups(0))
+    folder = save_checkpoint(first, tmp_path / "checkpoints")
+    second = Trainer(str(tied_model), TrainerConfig(lr=1e-2), temperature=1.0, seed=0)
+    load_checkpoint(second, folder)
+    model = second.model
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    for name, tensor in first.model.state_dict().items():
+        assert torch.equal(tensor, model.state_dict()[name]), name
+    stats = [t.train_step(synthetic_groups(1)) for t in (first, second)]
+    assert stats[0].loss == stats[1].loss
+    for name, tensor in first.model.state_dict().items():
+        assert torch.equal(tensor, model.state_dict()[name]), f"{name} after a resumed step"
