@@ -23,6 +23,7 @@ BENCHMARKS = [
     ("concurrency", "bench_concurrency.py", []),
     ("weight_update", "bench_weight_update.py", []),
     ("cpu_trainer", "bench_cpu_trainer.py", []),
+    ("trainer", "bench_trainer.py", ["--device", "cpu"]),
     ("sandbox", "bench_sandbox.py", []),
     ("remote_env", "bench_remote_env.py", []),
 ]

@@ -1,0 +1,710 @@
+"""The trainer's step, mode by mode: fp32 padded (as shipped) against the faster paths.
+
+Modes: fp32 padded, bf16 (autocast), and bf16 with packing, the chunked logprob, gradient
+checkpointing and activation offload, each measured in the same run on the same rows.
+
+    python benchmarks/bench_trainer.py                  # CPU: small shape, 16x256, ~1 minute
+    python benchmarks/bench_trainer.py --threads 0      # every core (noisy when others run)
+    python benchmarks/bench_trainer.py --dry-run --device cuda --shape 1.5b --case 8x16k
+
+On one H200 (no vLLM needed), one mode at a time; the models are built once and cached
+under ``$AGENTRL_CACHE/models`` (``~/.cache/agentrl/models`` by default; 2 GB for 0.5b,
+6 GB for 1.5b):
+
+    python benchmarks/bench_trainer.py --device cuda --shape 0.5b --case 64x1k
+    python benchmarks/bench_trainer.py --device cuda --shape 1.5b --case 8x16k
+
+(Expected: about a minute for the first, a few minutes for the second, fp32 padded being
+the slow mode; written without a GPU at hand, so the GPU path has been checked only with
+``--dry-run`` and by the CPU run of the same code. Add ``--modes fp32,bf16`` etc. to run
+a subset, ``--steps`` for more timed steps.)
+
+Builds a random-weight Qwen2 model of the chosen shape (``0.5b``, ``1.5b``: Qwen2.5's
+shapes with tied embeddings; ``small``: hidden 256, 4 layers, vocab 4,096, for a CPU) and
+the project's small byte-level tokenizer (the trainer reads only its pad id), and one
+step's worth of synthetic multi-turn rows: a prompt, then assistant turns (trained)
+alternating with tool and env turns (not trained), lengths varying per row, in groups of
+8 with random rewards and behaviour logprobs near the random model's own. Then, for each
+mode, a fresh ``Trainer`` from the same weights: one warm-up step (its loss and gradient
+norm are the correctness columns, compared with fp32 padded's first step from the same
+weights and rows) and ``--steps`` timed steps (median): on a GPU one mode after the
+other, on CPU round-robin over all the modes' trainers, so that other work on the
+machine slows every mode alike (``--sequential`` for one at a time).
+
+MFU = 6 x P x tokens / step time / peak, where P counts the weights every token goes
+through a matmul of (the tied embedding once, as the LM head), tokens are the rows' own
+(no padding), and peak is measured in the same run: a large bf16 matmul loop on a GPU,
+an fp32 matmul loop on CPU (labelled; bf16 autocast on CPU is measured against it too).
+Causal attention FLOPs are not in the 6 x P count; the output says how much they add.
+Peak memory: ``torch.cuda.max_memory_allocated`` per mode (weights, gradients and AdamW
+state included); on CPU the growth of the process's resident memory during the mode,
+sampled every 5 ms. A mode that runs out of memory is listed with the trainer's advice.
+Writes ``results/trainer.json`` on CPU, ``results/trainer_cuda_<shape>_<case>.json`` on
+a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import dataclasses
+import gc
+import hashlib
+import json
+import math
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import save, table
+
+GROUP_SIZE = 8
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Shape:
+    vocab: int
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    mlp: int
+
+
+SHAPES = {
+    "small": Shape(vocab=4096, hidden=256, layers=4, heads=4, kv_heads=2, mlp=1024),
+    "0.5b": Shape(vocab=151_936, hidden=896, layers=24, heads=14, kv_heads=2, mlp=4864),
+    "1.5b": Shape(vocab=151_936, hidden=1536, layers=28, heads=12, kv_heads=2, mlp=8960),
+}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Case:
+    rows: int
+    mean_tokens: int
+    spread: float
+    """Row lengths are uniform in mean x (1 - spread) .. mean x (1 + spread)."""
+    micro_batch_tokens: int
+    """``trainer.micro_batch_tokens`` (padded tokens; packed: the rows' own)."""
+
+
+CASES = {
+    "64x1k": Case(rows=64, mean_tokens=960, spread=0.5, micro_batch_tokens=8192),
+    "8x16k": Case(rows=8, mean_tokens=16384, spread=0.25, micro_batch_tokens=16384),
+    "16x256": Case(rows=16, mean_tokens=256, spread=0.5, micro_batch_tokens=2048),
+    "4x2k": Case(rows=4, mean_tokens=2048, spread=0.25, micro_batch_tokens=8192),
+}
+DEFAULT_CASE = {"cuda": "64x1k", "cpu": "16x256"}
+DEFAULT_SHAPE = {"cuda": "0.5b", "cpu": "small"}
+
+PACKED = {"packing": True}
+CHUNKED = {"packing": True, "chunked_logprob": True}
+MODES: dict[str, dict[str, Any]] = {
+    "fp32": {"precision": "fp32", "packing": False, "chunked_logprob": False},
+    "bf16": {"precision": "bf16", "packing": False, "chunked_logprob": False},
+    "bf16+packed": {"precision": "bf16", **PACKED, "chunked_logprob": False},
+    "bf16+packed+chunked": {"precision": "bf16", **CHUNKED},
+    "bf16+packed+chunked+ckpt": {"precision": "bf16", **CHUNKED, "gradient_checkpointing": True},
+    "bf16+packed+chunked+offload": {"precision": "bf16", **CHUNKED, "activation_offload": True},
+}
+BASELINE = "fp32"
+
+
+# ---------------------------------------------------------------- model and rows
+
+
+def model_config(shape: Shape) -> Any:
+    from transformers import Qwen2Config
+
+    return Qwen2Config(
+        vocab_size=shape.vocab, hidden_size=shape.hidden, num_hidden_layers=shape.layers,
+        num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
+        intermediate_size=shape.mlp, max_position_embeddings=32768, rope_theta=1e6,
+        tie_word_embeddings=True, use_cache=False, bos_token_id=0, eos_token_id=1,
+        pad_token_id=0,
+    )  # fmt: skip
+
+
+def matmul_parameters(shape: Shape) -> tuple[int, int]:
+    """(all parameters, those a token goes through a matmul of), counted on the meta device."""
+    import torch
+    from transformers import Qwen2ForCausalLM
+
+    with torch.device("meta"):
+        model = Qwen2ForCausalLM(model_config(shape))
+    total = sum(p.numel() for p in model.parameters())  # the tied head once
+    embedding = model.get_input_embeddings().weight
+    tied = model.get_output_embeddings().weight is embedding
+    return total, total if tied else total - embedding.numel()  # a lookup is no matmul
+
+
+def build_model(name: str, shape: Shape, device: str) -> Path:
+    """A random-weight model of ``shape`` and the tiny tokenizer, cached by shape."""
+    import torch
+    from transformers import Qwen2ForCausalLM
+
+    from agentrl.models.tiny import TinyModelConfig, build_tokenizer, default_cache_dir
+
+    key = hashlib.sha256(json.dumps(dataclasses.asdict(shape)).encode()).hexdigest()[:10]
+    parent = default_cache_dir()
+    target = parent / f"bench-trainer-{name}-{key}"
+    if (target / "model.safetensors").is_file() and (target / "tokenizer.json").is_file():
+        return target
+    parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".building-", dir=parent))
+    try:
+        build_tokenizer(TinyModelConfig()).save_pretrained(staging)
+        state = torch.random.get_rng_state()
+        torch.manual_seed(0)
+        try:
+            with torch.device(device):  # a GPU initialises 1.5B weights in a second
+                model = Qwen2ForCausalLM(model_config(shape)).to(torch.float32)
+        finally:
+            torch.random.set_rng_state(state)
+        model.save_pretrained(staging)
+        del model
+        if target.exists():
+            shutil.rmtree(target)
+        staging.rename(target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _spans(rng: np.random.Generator, n: int) -> list[tuple[str, int]]:
+    """(kind, length) runs of one row of ``n`` tokens: a prompt, then assistant turns
+    alternating with tool/env results, ending on an assistant turn."""
+    runs = [("prompt", int(np.clip(n * rng.uniform(0.1, 0.2), 8, 2048)))]
+    left = n - runs[0][1]
+    while left > 0:
+        reply = int(np.clip(n * rng.uniform(0.02, 0.08), 4, 512))
+        result = int(np.clip(n * rng.uniform(0.03, 0.15), 4, 2048))
+        if reply + result + 4 >= left:  # the last turn is the assistant's
+            runs.append(("assistant", left))
+            break
+        runs += [("assistant", reply), (str(rng.choice(["tool", "env"])), result)]
+        left -= reply + result
+    return runs
+
+
+def _trajectory(rng: np.random.Generator, name: str, n: int, vocab: int) -> Any:
+    from agentrl.types import TokenSpan, Trajectory
+
+    spans, mask, start, turn = [], [], 0, 0
+    for kind, length in _spans(rng, n):
+        spans.append(TokenSpan(kind, start, start + length, turn))  # type: ignore[arg-type]
+        mask.append(np.full(length, kind == "assistant", dtype=np.int8))
+        start += length
+        turn += kind == "assistant"
+    loss_mask = np.concatenate(mask)
+    on = loss_mask == 1
+    # near a random model's own logprob (-ln V), as vLLM's would be for these weights
+    behaviour = np.minimum(-math.log(vocab) + rng.normal(0.0, 0.05, n), 0.0)
+    return Trajectory(
+        episode_id=name, task_id=name.split("/")[0], env_id="bench", seed=0,
+        token_ids=rng.integers(10, vocab, n), loss_mask=loss_mask,
+        logprobs=np.where(on, behaviour, np.nan), versions=np.where(on, 0, -1),
+        spans=tuple(spans), messages=[], turn_rewards=[0.0], reward=float(rng.random()),
+        status="finished",
+    )  # fmt: skip
+
+
+def synthetic_groups(case: Case, vocab: int, seed: int = 0) -> list[Any]:
+    """``case.rows`` multi-turn rows in groups of up to 8, the same for a given seed."""
+    from agentrl.types import Group, Task
+
+    rng = np.random.default_rng(seed)
+    low, high = case.mean_tokens * (1 - case.spread), case.mean_tokens * (1 + case.spread)
+    lengths = rng.integers(int(low), int(high) + 1, case.rows)
+    groups = []
+    for g, first in enumerate(range(0, case.rows, GROUP_SIZE)):
+        chunk = lengths[first : first + GROUP_SIZE]
+        rows = [_trajectory(rng, f"t{g}/{i}", int(n), vocab) for i, n in enumerate(chunk)]
+        groups.append(Group(Task(f"t{g}", "bench", g), len(rows), rows))
+    return groups
+
+
+# ---------------------------------------------------------------- measuring
+
+
+def matmul_peaks(device: Any) -> dict[str, float]:
+    """FLOP/s of large matmul loops, best of three: bf16 on a GPU; fp32 (the MFU's peak)
+    and bf16 (for reference: AMX or AVX-512 BF16 where the CPU has them) on CPU."""
+    import torch
+
+    if device.type == "cuda":
+        return {"bf16": max(_matmul_flops(device, torch.bfloat16, n, 20) for n in (8192, 16384))}
+    return {"fp32": _matmul_flops(device, torch.float32, 1024, 8),
+            "bf16": _matmul_flops(device, torch.bfloat16, 1024, 8)}  # fmt: skip
+
+
+def _matmul_flops(device: Any, dtype: Any, n: int, iters: int) -> float:
+    import torch
+
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    best = 0.0
+    for _ in range(3):
+        a @ b  # warm-up (kernel choice, clocks)
+        _sync(device)
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            a @ b
+        _sync(device)
+        best = max(best, 2 * n**3 * iters / (time.perf_counter() - t0))
+    return best
+
+
+def _sync(device: Any) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class MemoryMeter:
+    """Peak memory of one mode: the GPU's allocator peak, or on CPU the growth of the
+    process's resident set over its size at the start, sampled by a thread."""
+
+    def __init__(self, device: Any) -> None:
+        import torch
+
+        self.device = device
+        _release(device)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+            return
+        self._base = self._peak = _rss()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._sample, name="rss-sampler", daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        while not self._done.wait(0.005):
+            self._peak = max(self._peak, _rss())
+
+    def stop(self) -> float:
+        """Bytes: the peak (GPU) or the peak growth (CPU)."""
+        import torch
+
+        if self.device.type == "cuda":
+            return float(torch.cuda.max_memory_allocated(self.device))
+        self._done.set()
+        self._thread.join()
+        return float(max(self._peak, _rss()) - self._base)
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _release(device: Any) -> None:
+    """Return the memory of the previous mode, so that the next one starts clean."""
+    import torch
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    else:
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def start_mode(name: str, model: Path, groups: list[Any], args: argparse.Namespace,
+               device: Any) -> tuple[dict[str, Any], Any]:  # fmt: skip
+    """A fresh trainer in mode ``name`` and its warm-up step, under a memory meter.
+
+    Returns the mode's record and the trainer (None when the mode could not run).
+    """
+    import torch
+
+    from agentrl.config.sections import TrainerConfig
+    from agentrl.errors import ConfigError
+    from agentrl.trainer.placement import TrainerMemoryError
+    from agentrl.trainer.trainer import Trainer
+
+    config = TrainerConfig(device=str(device), micro_batch_tokens=args.micro_batch_tokens,
+                           **MODES[name])  # fmt: skip
+    meter = MemoryMeter(device)
+    trainer = None
+    out: dict[str, Any] = {"mode": name, "step_s": []}
+    try:
+        trainer = Trainer(str(model), config, temperature=1.0, seed=0)
+        out["placement"] = trainer.placement()
+        out["attention"] = trainer.attention or "sdpa (padded)"
+        batches = trainer.micro_batches(_rows(groups, trainer))
+        out["micro_batches"] = len(batches)
+        out["model_tokens"] = sum(mb.model_tokens for mb in batches)  # padding included
+        del batches
+        first, out["warmup_s"] = _timed_step(trainer, groups, device)
+        out["loss"], out["grad_norm"] = first.loss, first.grad_norm
+        out["trained_tokens"] = first.tokens
+    except (TrainerMemoryError, torch.OutOfMemoryError) as e:
+        out["error"] = f"out of memory: {e}"
+        trainer = None
+    except ConfigError as e:
+        out["error"] = f"cannot run here: {e}"
+        trainer = None
+    except RuntimeError as e:  # one mode's failure (a kernel, pinned memory) is a row
+        out["error"] = f"failed: {type(e).__name__}: {e}"
+        trainer = None
+    finally:
+        out["peak_memory_bytes"] = meter.stop()
+    if trainer is None:
+        _release(device)
+    return out, trainer
+
+
+def time_step(out: dict[str, Any], trainer: Any, groups: list[Any], device: Any) -> Any:
+    """One timed step into ``out``; the trainer, or None once it ran out of memory."""
+    import torch
+
+    from agentrl.trainer.placement import TrainerMemoryError
+
+    try:
+        out["step_s"].append(_timed_step(trainer, groups, device)[1])
+        return trainer
+    except (TrainerMemoryError, torch.OutOfMemoryError) as e:
+        out["error"] = f"out of memory: {e}"
+        return None
+    except RuntimeError as e:
+        out["error"] = f"failed: {type(e).__name__}: {e}"
+        return None
+
+
+def measure(modes: list[str], model: Path, groups: list[Any], args: argparse.Namespace,
+            device: Any) -> tuple[list[dict[str, Any]], dict[str, float]]:  # fmt: skip
+    """Every mode's record, and the best matmul peaks seen (before, between and after).
+
+    ``args.sequential`` (the default on a GPU): one mode at a time, each alone in memory,
+    so its peak is its own. Otherwise (CPU) all trainers stay alive and the timed steps
+    go round-robin, one step of each mode per round, so that a busy machine slows every
+    mode alike; memory is then measured over each trainer's construction and warm-up
+    step (weights, AdamW state, activations).
+    """
+    _warm_imports()  # so that the first mode's memory is not the imports'
+    peaks = [matmul_peaks(device)]
+    results, live = [], {}
+    for name in modes:
+        out, trainer = start_mode(name, model, groups, args, device)
+        results.append(out)
+        if args.sequential and trainer is not None:
+            for _ in range(args.steps):
+                if (trainer := time_step(out, trainer, groups, device)) is None:
+                    break
+            del trainer
+            _release(device)
+        elif trainer is not None:
+            live[name] = trainer
+        _progress(out)
+    for _ in range(args.steps if live else 0):
+        for out in results:
+            if out["mode"] in live and time_step(out, live[out["mode"]], groups, device) is None:
+                del live[out["mode"]]
+        peaks.append(matmul_peaks(device))
+    if live:
+        print("  timed, round-robin: " + ", ".join(
+            f"{o['mode']} {statistics.median(o['step_s']):.3f} s" for o in results
+            if o["step_s"]), flush=True)  # fmt: skip
+    live.clear()
+    _release(device)
+    peaks.append(matmul_peaks(device))
+    return results, {k: max(p[k] for p in peaks) for k in peaks[0]}
+
+
+def _warm_imports() -> None:
+    import trl.trainer.utils  # noqa: F401  (the logprob kernels)
+    from transformers.integrations import sdpa_attention  # noqa: F401
+
+    from agentrl.trainer import trainer  # noqa: F401
+
+
+def _progress(out: dict[str, Any]) -> None:
+    if "error" in out:
+        said = out["error"].split(".")[0]
+    elif out["step_s"]:
+        said = f"{statistics.median(out['step_s']):.3f} s/step"
+    else:
+        said = f"warm-up step {out['warmup_s']:.3f} s"
+    print(f"  {out['mode']}: {said}, {out['peak_memory_bytes'] / 2**30:.2f} GiB", flush=True)
+
+
+def _rows(groups: list[Any], trainer: Any) -> list[Any]:
+    from agentrl.trainer.batch import rows_from_groups
+
+    return rows_from_groups(groups, trainer.config.scale_rewards, trainer.config.loss)
+
+
+def _timed_step(trainer: Any, groups: list[Any], device: Any) -> tuple[Any, float]:
+    _sync(device)
+    t0 = time.perf_counter()
+    stats = trainer.train_step(groups)
+    _sync(device)
+    return stats, time.perf_counter() - t0
+
+
+# ---------------------------------------------------------------- report
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Setup:
+    """What every mode of one run shares."""
+
+    device: Any
+    device_text: str
+    shape: str
+    case: str
+    parameters: int
+    matmul_parameters: int
+    tokens: int
+    attention_share: float
+    """Causal attention FLOPs (fwd + bwd) as a fraction of the 6 x P x tokens count."""
+
+
+def describe(setup: Setup, case: Case, groups: list[Any]) -> str:
+    lengths = [len(t) for g in groups for t in g.trajectories]
+    trained = sum(t.num_sampled for g in groups for t in g.trajectories)
+    turns = [sum(s.kind == "assistant" for s in t.spans) for g in groups for t in g.trajectories]
+    return (f"{len(lengths)} rows of {min(lengths):,}-{max(lengths):,} tokens "
+            f"({setup.tokens:,} in all, {trained / setup.tokens:.0%} trained; "
+            f"{min(turns)}-{max(turns)} assistant turns per row), micro-batches of "
+            f"<= {case.micro_batch_tokens:,} tokens")  # fmt: skip
+
+
+def mfu_peak(setup: Setup, peaks: dict[str, float]) -> tuple[float, str]:
+    """The peak the MFU divides by, and its label."""
+    if setup.device.type == "cuda":
+        return peaks["bf16"], "bf16 matmul peak measured here"
+    return peaks["fp32"], "fp32 matmul peak on this CPU, measured here"
+
+
+def report(setup: Setup, results: list[dict[str, Any]], peaks: dict[str, float],
+           args: argparse.Namespace, rows_text: str) -> str:  # fmt: skip
+    import torch
+    import transformers
+
+    base = next((r for r in results if r["mode"] == BASELINE and "error" not in r), None)
+    gpu = setup.device.type == "cuda"
+    peak, label = mfu_peak(setup, peaks)
+    memory_head = "peak memory (GiB)" if gpu else "peak RSS growth (GiB)"
+    rows = [_row(r, setup, peak, base) for r in results]
+    schedule = "one mode at a time" if args.sequential else "round-robin, all trainers alive"
+    notes = "".join(f"\n\n{r['mode']}: {r['error']}" for r in results if "error" in r)
+    if not gpu:
+        notes += (f"\n\nOn CPU: bf16 autocast runs its matmuls at this CPU's bf16 rate "
+                  f"({peaks['bf16'] / 1e12:,.2f} TFLOP/s measured here, where it has AMX or "
+                  f"AVX-512 BF16; far slower where it has neither), yet the MFU divides by "
+                  f"the fp32 peak; packed attention is SDPA once per row (no varlen "
+                  f"kernel). These say how the paths run here, not on a GPU.")  # fmt: skip
+    return (
+        f"### Trainer step by mode: {setup.shape} "
+        f"({setup.parameters / 1e6:,.1f}M parameters) on {setup.device_text}, "
+        f"case {setup.case}\n\n"
+        f"{rows_text}; a fresh trainer per mode, one warm-up step, then the median of "
+        f"{args.steps} ({schedule}). "
+        f"torch {torch.__version__}, transformers {transformers.__version__}. "
+        f"Peak: {peak / 1e12:,.2f} TFLOP/s, the {label}.\n\n"
+        + table(["mode", "attention", "micro-batches", "s/step", "tokens/s",
+                 f"x {BASELINE}", "MFU", memory_head, "step-1 loss", f"loss - {BASELINE}'s",
+                 f"grad norm / {BASELINE}'s"], rows)
+        + f"\n\nMFU = 6 x {setup.matmul_parameters / 1e6:,.1f}M x tokens / step time / peak; "
+        f"causal attention would add {setup.attention_share:.0%} to those FLOPs at these "
+        f"lengths. The loss and grad-norm columns compare each mode's first step with "
+        f"{BASELINE} padded's, from the same weights and rows.{notes}"
+    )  # fmt: skip
+
+
+def _row(r: dict[str, Any], setup: Setup, peak: float, base: dict[str, Any] | None) -> list[Any]:
+    gib = f"{r['peak_memory_bytes'] / 2**30:.2f}"
+    if "error" in r:
+        return [r["mode"], r.get("attention", ""), r.get("micro_batches", ""),
+                r["error"].split(":")[0], "", "", "",
+                gib, "", "", ""]  # fmt: skip
+    step = statistics.median(r["step_s"])
+    rate = setup.tokens / step
+    mfu = 6 * setup.matmul_parameters * setup.tokens / step / peak
+    ratio = loss_diff = norm_ratio = "n/a"
+    if base is not None:
+        ratio = f"{rate / (setup.tokens / statistics.median(base['step_s'])):.2f}"
+        loss_diff = f"{r['loss'] - base['loss']:+.2e}"
+        norm_ratio = f"{r['grad_norm'] / base['grad_norm']:.4f}"
+    return [r["mode"], r["attention"], r["micro_batches"], f"{step:.3f}", f"{rate:,.0f}", ratio,
+            f"{mfu:.1%}", gib, f"{r['loss']:.5f}", loss_diff, norm_ratio]  # fmt: skip
+
+
+# ---------------------------------------------------------------- setup and checks
+
+
+def attention_share(shape: Shape, groups: list[Any], parameters: int) -> float:
+    """Causal attention FLOPs (QK^T and AV, fwd + bwd: 6 n^2 d per layer) / (6 P n)."""
+    lengths = np.array([len(t) for g in groups for t in g.trajectories], dtype=np.float64)
+    return float((lengths**2).sum() * shape.hidden * shape.layers / (parameters * lengths.sum()))
+
+
+def check_fit(shape_name: str, parameters: int, case: Case, device: Any) -> None:
+    """Stop before building anything that cannot fit, naming what to try instead."""
+    static = 16 * parameters  # fp32 weights, gradients and two AdamW moments
+    if device.type == "cpu" and shape_name != "small":
+        sys.exit(f"--shape {shape_name} is for a GPU (a CPU step would take many minutes "
+                 f"and {static / 2**30:.0f} GiB before activations); use --shape small on "
+                 f"CPU, or add --dry-run to check the {shape_name} setup here")  # fmt: skip
+    if device.type == "cuda":
+        import torch
+
+        total = torch.cuda.get_device_properties(device).total_memory
+        if static > 0.9 * total:
+            smaller = "--shape 0.5b" if shape_name == "1.5b" else "--shape small"
+            sys.exit(f"--shape {shape_name} needs {static / 2**30:.1f} GiB for fp32 weights, "
+                     f"gradients and AdamW state alone; {device} has {total / 2**30:.1f} GiB. "
+                     f"Try {smaller}, or a GPU with more memory")  # fmt: skip
+    longest = case.mean_tokens * (1 + case.spread)
+    if longest > 32768:
+        sys.exit(f"case rows reach {longest:,.0f} tokens, past the model's 32,768 positions; "
+                 f"use one of {', '.join(CASES)}")  # fmt: skip
+
+
+def dry_run(setup: Setup, case: Case, groups: list[Any], modes: list[str], rows_text: str) -> None:
+    """The plan without a model: settings, micro-batches and tokens per mode."""
+    from agentrl.config.sections import TrainerConfig
+    from agentrl.trainer.batch import micro_batches, packed_micro_batches, rows_from_groups
+
+    rows = rows_from_groups(groups)
+    plans = []
+    for name in modes:
+        config = TrainerConfig(device=str(setup.device), micro_batch_tokens=case.micro_batch_tokens,
+                               **MODES[name])  # fmt: skip
+        split = packed_micro_batches if config.packing else micro_batches
+        batches = split(rows, case.micro_batch_tokens)
+        model_tokens = sum(mb.model_tokens for mb in batches)
+        plans.append([name, config.precision, len(batches), f"{model_tokens:,}",
+                      f"{1 - setup.tokens / model_tokens:.1%}"])  # fmt: skip
+    static = 16 * setup.parameters / 2**30
+    print(f"dry run: {setup.shape} ({setup.parameters / 1e6:,.1f}M parameters, "
+          f"{static:.1f} GiB of fp32 weights, gradients and AdamW state) on "
+          f"{setup.device_text}, case {setup.case}: {rows_text}\n")  # fmt: skip
+    print(table(["mode", "precision", "micro-batches", "model tokens", "padding"], plans))
+    print(f"\ncausal attention adds {setup.attention_share:.0%} to the 6 x P FLOPs; "
+          f"nothing was built or run")  # fmt: skip
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    import torch
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--device",
+        default="cuda" if torch.cuda.is_available() else "cpu",
+        help="cpu, cuda or cuda:N (default: cuda when there is one)",
+    )
+    parser.add_argument(
+        "--shape", choices=list(SHAPES), help="model shape (default: 0.5b on a GPU, small on CPU)"
+    )
+    parser.add_argument(
+        "--case",
+        choices=list(CASES),
+        help="rows x tokens per step (default: 64x1k on a GPU, 16x256 on CPU)",
+    )
+    parser.add_argument("--steps", type=int, default=3, help="timed steps per mode")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help="CPU: torch threads for the steps and the peaks (default: trainer.torch_threads' "
+        "default, 1, as agentrl train's CPU trainer; 0: torch's own, one per core)",
+    )
+    parser.add_argument(
+        "--modes", default=",".join(MODES), help=f"comma-separated, of: {', '.join(MODES)}"
+    )
+    parser.add_argument(
+        "--micro-batch-tokens", type=int, help="trainer.micro_batch_tokens (default: the case's)"
+    )
+    parser.add_argument(
+        "--sequential",
+        action="store_true",
+        help="one mode at a time, each alone in memory (the default on a GPU; on CPU the "
+        "timed steps go round-robin over all modes)",
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="build the rows and plan the micro-batches; no model, no steps",
+    )
+    args = parser.parse_args(argv)  # fmt: skip
+    kind = torch.device(args.device).type
+    args.sequential = args.sequential or kind == "cuda"
+    args.shape = args.shape or DEFAULT_SHAPE[kind]
+    args.case = args.case or DEFAULT_CASE[kind]
+    args.micro_batch_tokens = args.micro_batch_tokens or CASES[args.case].micro_batch_tokens
+    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = [m for m in args.modes if m not in MODES]
+    if unknown or args.steps < 1:
+        parser.error(f"--modes {unknown} unknown; use some of {', '.join(MODES)}" if unknown
+                     else f"--steps {args.steps}: at least 1")  # fmt: skip
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()  # the tables are the output
+    args = parse(argv)
+    device = torch.device(args.device)
+    if device.type == "cpu":
+        from agentrl.config.sections import TrainerConfig
+
+        threads = TrainerConfig().torch_threads if args.threads is None else args.threads
+        if threads:  # 0 or unset: torch's own
+            torch.set_num_threads(threads)
+        args.threads = torch.get_num_threads()
+    if device.type == "cuda" and not args.dry_run and not torch.cuda.is_available():
+        sys.exit(f"--device {args.device}: torch {torch.__version__} sees no GPU; "
+                 f"use --device cpu, or --dry-run to check the setup")  # fmt: skip
+    shape, case = SHAPES[args.shape], dataclasses.replace(
+        CASES[args.case], micro_batch_tokens=args.micro_batch_tokens)  # fmt: skip
+    total, matmul = matmul_parameters(shape)
+    groups = synthetic_groups(case, shape.vocab)
+    tokens = sum(len(t) for g in groups for t in g.trajectories)
+    described = device.type == "cuda" and torch.cuda.is_available()
+    text = torch.cuda.get_device_name(device) if described else str(device)
+    if device.type == "cpu":
+        threads = torch.get_num_threads()
+        text = (f"cpu ({len(os.sched_getaffinity(0))} cores, {threads} torch "
+                f"thread{'s' if threads != 1 else ''})")  # fmt: skip
+    setup = Setup(device, text, args.shape, args.case, total, matmul, tokens,
+                  attention_share(shape, groups, matmul))  # fmt: skip
+    rows_text = describe(setup, case, groups)
+    if args.dry_run:
+        dry_run(setup, case, groups, args.modes, rows_text)
+        return 0
+    check_fit(args.shape, total, case, device)
+    started = time.perf_counter()
+    model = build_model(args.shape, shape, args.device)
+    print(f"  model {model.name} ready in {time.perf_counter() - started:.0f} s", flush=True)
+    results, peaks = measure(args.modes, model, groups, args, device)
+    markdown = report(setup, results, peaks, args, rows_text)
+    print(markdown, flush=True)
+    result_name = "trainer" if device.type == "cpu" else f"trainer_cuda_{args.shape}_{args.case}"
+    settings = {**vars(args), "device_name": text, "case_settings": dataclasses.asdict(case),
+                "shape_settings": dataclasses.asdict(shape)}  # fmt: skip
+    save(result_name, settings,
+         {"parameters": total, "matmul_parameters": matmul, "tokens": tokens,
+          "peak_flops": mfu_peak(setup, peaks)[0], "peak": mfu_peak(setup, peaks)[1],
+          "matmul_peaks_flops": peaks, "attention_share": setup.attention_share,
+          "modes": results}, markdown)  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
