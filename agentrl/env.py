@@ -193,6 +193,21 @@ class EnvHandle:
     ``set_state`` and ``close``.
     """
 
+    @classmethod
+    async def build(cls, make: Callable[..., Any], env_id: str, kwargs: dict[str, Any], *,
+                    thread_name: str = "agentrl-env") -> EnvHandle:  # fmt: skip
+        """``make(env_id, **kwargs)`` in the env's own worker thread (constructors may do
+        I/O too), wrapped; the thread goes with the handle, or is let go if ``make`` fails."""
+        executor = ThreadPoolExecutor(1, thread_name_prefix=thread_name)
+        try:
+            env = await asyncio.get_running_loop().run_in_executor(
+                executor, functools.partial(make, env_id, **kwargs)
+            )
+        except BaseException:
+            executor.shutdown(wait=False, cancel_futures=True)
+            raise
+        return cls(env, executor)
+
     def __init__(self, env: gym.Env[Any, Any], executor: ThreadPoolExecutor | None = None) -> None:
         self.env = env
         self._executor = executor

@@ -22,7 +22,6 @@ this server with openenv-core's own clients.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import dataclasses
 import functools
@@ -482,14 +481,8 @@ class EnvServer:
         return session.handle
 
     async def _build(self) -> EnvHandle:
-        executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="serve-env")
-        make = functools.partial(self.make, self.env_id, **self.kwargs)
-        try:
-            env = await asyncio.get_running_loop().run_in_executor(executor, make)
-        except BaseException:
-            executor.shutdown(wait=False, cancel_futures=True)
-            raise
-        return EnvHandle(env, executor)
+        return await EnvHandle.build(self.make, self.env_id, dict(self.kwargs),
+                                     thread_name="serve-env")  # fmt: skip
 
     async def _call(self, session: _Session, name: str, fn: Callable[[], Awaitable[Any]]) -> Any:
         try:

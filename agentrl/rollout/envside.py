@@ -11,7 +11,6 @@ that do not replay. The module functions check what envs return.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import dataclasses
 import functools
@@ -203,14 +202,7 @@ class EnvCalls:
         return entry
 
     async def _build(self, task: Task) -> EnvHandle:
-        executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="agentrl-env")
-        make = functools.partial(self.make, task.env_id, **task.env_kwargs)
-        try:
-            env = await asyncio.get_running_loop().run_in_executor(executor, make)
-        except BaseException:
-            executor.shutdown(wait=False, cancel_futures=True)
-            raise
-        return EnvHandle(env, executor)
+        return await EnvHandle.build(self.make, task.env_id, dict(task.env_kwargs))
 
     async def _env_call(
         self, timings: Timings, name: str, fn: Callable[..., Any], *args: Any,

@@ -29,6 +29,7 @@ from agentrl.rollout import EpisodeRunner
 from agentrl.tools import ToolCall, ToolSet
 from agentrl.tools.mcp import MCPError, from_mcp
 from agentrl.types import Task
+from tests.inference.test_server import _alive
 from tests.rollout.fakes import ScriptedClient
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,14 +58,6 @@ def call_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def _pids(log: Path) -> list[int]:
     return [int(line.split()[0]) for line in log.read_text().splitlines()]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def _wait_gone(pid: int) -> None:
