@@ -193,8 +193,8 @@ class _Connection:
 
     async def call(self, name: str, arguments: dict[str, Any]) -> ToolResult:
         try:
-            client = await self._open()
-            result = await client.call_tool(name, arguments)
+            session = await self._open()
+            result = await session.call_tool(name, arguments)
         except (asyncio.CancelledError, TimeoutError):
             raise
         except Exception as e:
@@ -222,8 +222,8 @@ class _Connection:
 
     async def _hold(self, ready: asyncio.Future[Any], closing: asyncio.Event) -> None:
         try:
-            async with self.target.client() as client:
-                ready.set_result(client)
+            async with self.target.client() as session:
+                ready.set_result(session)
                 await closing.wait()
         except BaseException as e:
             if not ready.done():
@@ -268,8 +268,8 @@ def _tool_result(name: str, result: Any) -> ToolResult:
 
 
 async def _list_tools(target: _Target) -> list[dict[str, Any]]:
-    async with target.client() as client:
-        listed = await client.list_tools()
+    async with target.client() as session:
+        listed = await session.list_tools()
     return [tool.model_dump(by_alias=True, exclude_none=True) for tool in listed.tools]
 
 
