@@ -7,22 +7,15 @@ end of the test whatever happened) on a free loopback port, and is returned once
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
+from agentrl.net import free_port
 from tests.faults.harness import AGENTRL, Proc, healthy, wait_until
 
 ECHO_SERVER = Path(__file__).with_name("openenv_echo_server.py")
 OPENENV = str(Path(sys.executable).parent / "openenv")
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def serve_env(env_id: str, log_dir: Path, *args: str) -> tuple[Proc, str]:
