@@ -1,0 +1,378 @@
+"""The rollout loop's own ceiling: turns/s with an engine that answers instantly.
+
+    python benchmarks/bench_ceiling.py [--cases 1024x3x32,256x3x256] [--rounds 3]
+                                       [--compare REV] [--no-profile]
+
+No model runs: :class:`InstantClient` implements the
+:class:`~agentrl.inference.base.InferenceClient` protocol and answers every request at
+once with exactly ``max_tokens`` tokens (the last one the end-of-turn token). The rest
+is the project's own: ``Scheduler`` + ``EpisodeRunner`` (chat template, tokenization,
+token provenance, a checkpoint per turn) against the zero-cost ``bench/Echo-v0`` env,
+all episodes of a case at once, with the ``StoreWriter`` (real SQLite in a temporary
+directory) and without it. So the figures are the most turns per second agentrl can
+feed from one event loop: a GPU fleet faster than this waits on agentrl.
+
+A case ``ExTxL`` is E episodes of T turns of L sampled tokens. Reported per case: turns/s,
+sampled tokens/s, CPU per turn (this process's CPU time, every thread, over the turns)
+and the event-loop lag p99 (:class:`~agentrl.metrics.LoopLagMonitor`), the median of
+``--rounds`` rounds. Then one more run with the store, under cProfile (every thread,
+CPU time), splits the CPU per turn into stages by which function the time was spent
+under (:data:`STAGES`; what is left is runner bookkeeping: the runner, scheduler,
+asyncio, the env). The profile's shares are applied to the unprofiled CPU per turn, so
+the stages add up to it.
+
+``--compare REV`` measures the tree at git revision REV (a temporary ``git worktree``)
+side by side with this one: each round runs both, one after the other, each in its own
+process importing its own ``agentrl`` (this file's measuring code is the same for both).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # appended: under --compare, PYTHONPATH picks the agentrl
+    sys.path.append(str(ROOT))
+
+# (stage, roots): a root is (path suffix, function name, caller name or "", the stage it
+# runs inside or ""). A stage's time is the cumulative CPU time under its roots (under
+# the named caller only, when one is named); a root inside another stage's root is taken
+# out of that one. Names from older revisions stay, so --compare splits both alike.
+STAGES: list[tuple[str, list[tuple[str, str, str, str]]]] = [
+    ("render", [("agentrl/chat/conversation.py", "render", "", "")]),
+    ("tokenize", [("tokenization_utils_base.py", "__call__", "apply_chat_template", "render"),
+                  ("agentrl/chat/conversation.py", "decode", "", "")]),
+    ("checkpoint", [("agentrl/rollout/runner.py", "_checkpoint", "", "")]),
+    ("store write", [("agentrl/store/writer.py", "_apply", "", "")]),
+    ("validation", [("agentrl/types.py", "validate", "", ""),
+                    ("agentrl/inference/base.py", "__post_init__", "", "")]),
+]  # fmt: skip
+
+
+class InstantClient:
+    """An :class:`~agentrl.inference.base.InferenceClient` with no model behind it.
+
+    Every ``generate`` returns ``max_tokens`` tokens at once (``token`` repeated, then
+    ``end_of_turn``), logprob -0.5 each, finish ``stop``. Weight loads only bump the
+    version (there are no weights); ``push_weights`` refuses (no transfer backend).
+    """
+
+    def __init__(self, token: int, end_of_turn: int, max_model_len: int = 8192) -> None:
+        from agentrl.inference.base import InflightRequests
+
+        self.token = token
+        self.end_of_turn = end_of_turn
+        self._max_model_len = max_model_len
+        self._version = 0
+        self._requests = InflightRequests()
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def max_model_len(self) -> int:
+        return self._max_model_len
+
+    @property
+    def requests(self) -> Any:
+        return self._requests
+
+    async def generate(self, prompt_token_ids: Sequence[int], sampling: Any, request_id: str):
+        from agentrl.inference.base import Generation, clamp_max_tokens
+
+        n = clamp_max_tokens(len(prompt_token_ids), sampling, self._max_model_len)
+        await asyncio.sleep(0)  # the reply arrives through the loop, as from an engine
+        ids = (self.token,) * (n - 1) + (self.end_of_turn,)
+        return Generation(request_id, ids, (-0.5,) * n, "stop", self._version,
+                          len(prompt_token_ids))  # fmt: skip
+
+    async def abort(self, request_id: str) -> None:
+        return None  # nothing is ever in flight
+
+    async def reload_weights(self, weights_dir: str, version: int | None = None, *,
+                             keep_inflight: bool = False) -> int:  # fmt: skip
+        self._version = self._version + 1 if version is None else version
+        return self._version
+
+    async def load_lora_adapter(self, adapter_dir: str, version: int | None = None, *,
+                                keep_inflight: bool = False) -> int:  # fmt: skip
+        return await self.reload_weights(adapter_dir, version)
+
+    async def push_weights(self, send: Any, version: int | None = None, *,
+                           keep_inflight: bool = False) -> int:  # fmt: skip
+        from agentrl.errors import WeightSyncError
+
+        raise WeightSyncError("the instant client has no weight-transfer backend")
+
+    async def close(self) -> None:
+        return None
+
+    async def __aenter__(self) -> InstantClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+def parse_case(text: str) -> tuple[int, int, int]:
+    try:
+        e, t, n = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise SystemExit(f"case {text!r} is not EPISODESxTURNSxTOKENS (e.g. 1024x3x32)") from None
+    if min(e, t, n) < 1 or n < 2:
+        raise SystemExit(f"case {text!r}: every count must be >= 1 and tokens >= 2")
+    return e, t, n
+
+
+# -- one run (in a worker process) -------------------------------------------------------
+
+
+async def one_run(tokenizer: Any, case: tuple[int, int, int], store: bool,
+                  tmp: Path) -> dict[str, Any]:  # fmt: skip
+    from agentrl.metrics import LoopLagMonitor, Metrics
+    from agentrl.queue import TrajectoryQueue
+    from agentrl.rollout import EpisodeRunner, RolloutConfig, Scheduler, tasks_for
+    from agentrl.store import EpisodeStore, StoreWriter
+
+    episodes, turns, tokens = case
+    eot = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    client = InstantClient(tokenizer.encode(" hello")[0], eot)
+    rollout = RolloutConfig(max_turns=turns, max_tokens_per_turn=tokens, ignore_eos=True)
+    metrics = Metrics()
+    queue = TrajectoryQueue(episodes + 1)
+    db = EpisodeStore.open(tmp) if store else None
+    async with contextlib.AsyncExitStack() as stack:
+        writer = await stack.enter_async_context(StoreWriter(db)) if db is not None else None
+        runner = EpisodeRunner(client, tokenizer, rollout, metrics=metrics,
+                               checkpoint=writer.partial if writer else None)  # fmt: skip
+        scheduler = Scheduler(runner, queue, RolloutConfig(concurrency=episodes, group_size=1),
+                              writer=writer)  # fmt: skip
+        tasks = list(tasks_for("bench/Echo-v0", episodes, turns=turns))
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        async with LoopLagMonitor(metrics):
+            await scheduler.run(tasks)
+            if writer is not None:
+                await writer.flush()
+        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    trajectories = [t for g in queue._groups for t in g.trajectories]
+    sampled = sum(int(t.loss_mask.sum()) for t in trajectories)
+    if sampled != episodes * turns * tokens:
+        raise RuntimeError(f"sampled {sampled} tokens, expected {episodes * turns * tokens}")
+    if db is not None:
+        stored = sum(1 for _ in db.all_trajectories())
+        db.close()
+        if stored != episodes:
+            raise RuntimeError(f"the store holds {stored} trajectories, expected {episodes}")
+    n_turns = episodes * turns
+    return {"turns_per_s": n_turns / wall, "tokens_per_s": sampled / wall, "wall_s": wall,
+            "cpu_us_per_turn": cpu / n_turns * 1e6,
+            "loop_lag_p99_ms": metrics.percentile("loop_lag_s", 99) * 1000}  # fmt: skip
+
+
+@contextlib.contextmanager
+def profiled() -> Iterator[list[Any]]:
+    """cProfile every thread (CPU time), this one and those started meanwhile."""
+    import cProfile
+    import threading
+
+    profiles: list[Any] = []
+
+    def start(*_: Any) -> None:  # runs once in each new thread, then hands over
+        p = cProfile.Profile(time.thread_time)
+        profiles.append(p)
+        p.enable()
+
+    main = cProfile.Profile(time.thread_time)
+    profiles.append(main)
+    threading.setprofile(start)
+    main.enable()
+    try:
+        yield profiles
+    finally:
+        main.disable()
+        threading.setprofile(None)  # type: ignore[arg-type]
+
+
+def stage_shares(profiles: list[Any]) -> dict[str, float]:
+    """Each stage's share of the profiled CPU time (see :data:`STAGES`)."""
+    import pstats
+
+    stats = pstats.Stats(profiles[0])
+    for p in profiles[1:]:
+        with contextlib.suppress(TypeError):  # a thread that never ran profiled code
+            stats.add(p)
+    table = stats.stats  # type: ignore[attr-defined]
+    total = sum(v[2] for v in table.values()) or 1e-12
+    shares = {stage: 0.0 for stage, _ in STAGES}
+    for stage, roots in STAGES:
+        for (path, _line, name), (_cc, _nc, _tt, ct, callers) in table.items():
+            for suffix, func, caller, inside in roots:
+                if name != func or not path.endswith(suffix):
+                    continue
+                t = sum(v[3] for k, v in callers.items() if k[2] == caller) if caller else ct
+                shares[stage] += t / total
+                if inside:
+                    shares[inside] -= t / total
+    shares["runner bookkeeping"] = max(0.0, 1.0 - sum(shares.values()))
+    return shares
+
+
+async def worker(args: argparse.Namespace) -> dict[str, Any]:
+    from transformers import AutoTokenizer
+
+    import benchmarks.common  # noqa: F401  (registers bench/Echo-v0)
+    from agentrl.metrics import tune_gc
+    from agentrl.models import resolve_model
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(args.model))
+    tune_gc()
+    out: dict[str, Any] = {"runs": {}, "stages": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        await one_run(tokenizer, (8, 2, 4), True, Path(tmp) / "warm")
+        for i, text in enumerate(args.cases):
+            case = parse_case(text)
+            for store in (False, True):
+                row = await one_run(tokenizer, case, store, Path(tmp) / f"{i}-{store}")
+                out["runs"][f"{text}/{'store' if store else 'no store'}"] = row
+            if args.profile:
+                with profiled() as profiles:
+                    await one_run(tokenizer, case, True, Path(tmp) / f"{i}-profiled")
+                out["stages"][text] = stage_shares(profiles)
+    return out
+
+
+# -- the driver --------------------------------------------------------------------------
+
+
+def run_worker(tree: Path, args: argparse.Namespace, profile: bool) -> dict[str, Any]:
+    """One round in a fresh process importing ``agentrl`` from ``tree``."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), str(ROOT)])}
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--model", args.model,
+           "--cases", ",".join(args.cases)] + ([] if profile else ["--no-profile"])  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=1800)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the bench worker for {tree} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@contextlib.contextmanager
+def worktree(rev: str) -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="agentrl-ceiling-") as tmp:
+        path = Path(tmp) / "tree"
+        git = ["git", "-C", str(ROOT)]
+        subprocess.run([*git, "worktree", "add", "--detach", str(path), rev], check=True,
+                       capture_output=True, text=True)  # fmt: skip
+        try:
+            yield path
+        finally:
+            subprocess.run([*git, "worktree", "remove", "--force", str(path)],
+                           capture_output=True, text=True)  # fmt: skip
+
+
+def measure(args: argparse.Namespace, trees: dict[str, Path]) -> dict[str, Any]:
+    rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in trees}
+    for r in range(args.rounds):
+        for name, tree in trees.items():
+            result = run_worker(tree, args, profile=args.profile and r == 0)
+            rounds[name].append(result)
+            for key, row in result["runs"].items():
+                print(f"  round {r + 1} {name}: {key}: {row['turns_per_s']:,.0f} turns/s, "
+                      f"{row['cpu_us_per_turn']:,.0f} us CPU/turn, loop lag p99 "
+                      f"{row['loop_lag_p99_ms']:.1f} ms", flush=True)  # fmt: skip
+    out: dict[str, Any] = {}
+    for name, results in rounds.items():
+        medians = {}
+        for key in results[0]["runs"]:
+            rows = [res["runs"][key] for res in results]
+            medians[key] = {m: statistics.median(row[m] for row in rows) for m in rows[0]}
+        out[name] = {"runs": medians, "stages": results[0]["stages"]}
+    return out
+
+
+def markdown(result: dict[str, Any], args: argparse.Namespace) -> str:
+    from benchmarks.common import table
+
+    names = list(result)
+    md = "### Rollout loop ceiling (instant engine, `bench/Echo-v0`, one event loop)\n\n"
+    rows = []
+    for key in result[names[0]]["runs"]:
+        for name in names:
+            r = result[name]["runs"][key]
+            rows.append([name, *key.split("/"), r["turns_per_s"], r["tokens_per_s"],
+                         r["cpu_us_per_turn"], r["loop_lag_p99_ms"]])  # fmt: skip
+    md += table(["tree", "episodes x turns x tokens", "store", "turns/s", "tokens/s",
+                 "CPU us/turn", "loop lag p99 (ms)"], rows)  # fmt: skip
+    stage_names = [s for s, _ in STAGES] + ["runner bookkeeping"]
+    rows = []
+    for case in args.cases:
+        for name in names:
+            shares = result[name]["stages"].get(case)
+            if not shares:
+                continue
+            cpu = result[name]["runs"][f"{case}/store"]["cpu_us_per_turn"]
+            rows.append([name, case, *(shares[s] * cpu for s in stage_names)])
+    if rows:
+        md += ("\n\nCPU us per turn by stage, with the store (cProfile of one run, every "
+               "thread; its shares applied to the unprofiled CPU per turn):\n\n")  # fmt: skip
+        md += table(["tree", "case", *stage_names], rows)
+    md += f"\n\nMedian of {args.rounds} round(s); load average at the end: {_load()}."
+    return md
+
+
+def _load() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "unknown"
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="tiny", help="whose tokenizer and chat template")
+    parser.add_argument("--cases", default="1024x3x32,256x3x256",
+                        help="EPISODESxTURNSxTOKENS, comma-separated")  # fmt: skip
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--compare", metavar="REV", help="also measure git revision REV")
+    parser.add_argument("--no-profile", dest="profile", action="store_false")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    args.cases = [c.strip() for c in str(args.cases).split(",") if c.strip()]
+    for case in args.cases:
+        parse_case(case)
+    if args.worker:
+        print(json.dumps(asyncio.run(worker(args))))
+        return {}
+    if args.rounds < 1:
+        raise SystemExit(f"--rounds {args.rounds}: it must be >= 1")
+    print(f"rollout loop ceiling: cases {args.cases}, {args.rounds} round(s)"
+          + (f", against {args.compare}" if args.compare else ""), flush=True)  # fmt: skip
+    with contextlib.ExitStack() as stack:
+        trees = {}
+        if args.compare:
+            trees[args.compare] = stack.enter_context(worktree(args.compare))
+        trees["this tree"] = ROOT
+        result = measure(args, trees)
+    md = markdown(result, args)
+    print(md, flush=True)
+    from benchmarks.common import RESULTS, save
+
+    save("ceiling", {k: v for k, v in vars(args).items() if k != "worker"}, result, md)
+    (RESULTS / "ceiling.md").write_text(md + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()
