@@ -95,10 +95,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"agentrl: error: {e}", file=sys.stderr)
         return 1
     finally:
-        _TEARDOWN["quiet"] = not args.verbose
+        if not args.verbose:
+            end_quietly()
 
 
 _TEARDOWN = {"quiet": False}
+
+
+def end_quietly() -> None:
+    """Send what the interpreter prints while it tears down to /dev/null (for scripts
+    that drive a run themselves, as the demo does: call it once the results are out)."""
+    _TEARDOWN["quiet"] = True
 
 
 def _quiet_teardown() -> None:

@@ -156,7 +156,7 @@ def main() -> int:
 
     import asyncio
 
-    from agentrl.cli import quiet_vllm
+    from agentrl.cli import end_quietly, quiet_vllm
     from agentrl.errors import AgentRLError
     from agentrl.run import prepare, train
 
@@ -179,6 +179,7 @@ def main() -> int:
             print(f"    {label:<34} {before[key]:>8.1%}   {after[key]:>8.1%}")
         print(f"  plots: {run_dir}/plots/reward.png   trace: {run_dir}/trace.json "
               f"(open in https://ui.perfetto.dev)")  # fmt: skip
+    end_quietly()  # the results stay the last lines (no teardown noise from triton)
     return 0
 
 
