@@ -30,16 +30,18 @@ def turn_text(low: int, high: int, guess: int) -> str:
     return f"Between {low} and {high}. Guess: {guess}"
 
 
-def noisy_guess(low: int, high: int, noise: float, rng: random.Random) -> int:
-    """Midpoint of the open interval (low, high) plus ``noise`` half-widths of Gaussian
-    noise, rounded and kept strictly inside it."""
-    mid, half = (low + high) / 2, (high - low) / 2
-    guess = round(mid + rng.gauss(0.0, noise) * half)
+def noisy_guess(low: int, high: int, noise: float, rng: random.Random,
+                centre: float = 0.5) -> int:  # fmt: skip
+    """The point ``centre`` of the way through the open interval (low, high) (0.5: its
+    midpoint, bisection) plus ``noise`` half-widths of Gaussian noise, rounded and kept
+    strictly inside it."""
+    point, half = low + centre * (high - low), (high - low) / 2
+    guess = round(point + rng.gauss(0.0, noise) * half)
     return min(max(guess, low + 1), high - 1)
 
 
-def demonstration(env: GuessNumberEnv, seed: int, noise: float,
-                  rng: random.Random) -> tuple[list[Message], bool]:  # fmt: skip
+def demonstration(env: GuessNumberEnv, seed: int, noise: float, rng: random.Random,
+                  centre: float = 0.5) -> tuple[list[Message], bool]:  # fmt: skip
     """One episode of ``env`` (reset with ``seed``) played by noisy bisection, as chat
     messages, and whether it found the number within the env's budget."""
     question, _ = env.reset(seed=seed)
@@ -49,7 +51,7 @@ def demonstration(env: GuessNumberEnv, seed: int, noise: float,
     ]
     low, high = env.low - 1, env.high + 1
     while True:
-        guess = noisy_guess(low, high, noise, rng)
+        guess = noisy_guess(low, high, noise, rng, centre)
         messages.append({"role": "assistant", "content": turn_text(low, high, guess)})
         reply, reward, terminated, truncated, _ = env.step(f"Guess: {guess}")
         if terminated or truncated:
@@ -58,17 +60,17 @@ def demonstration(env: GuessNumberEnv, seed: int, noise: float,
         low, high = (guess, high) if reply.startswith("Higher") else (low, guess)
 
 
-def demonstrations(count: int, noise: float, *, offset: int = 0,
+def demonstrations(count: int, noise: float, *, offset: int = 0, centre: float = 0.5,
                    exclude: frozenset[int] | set[int] = frozenset(),
                    **env_kwargs: Any) -> list[list[Message]]:  # fmt: skip
-    """``count`` solved episodes by noisy bisection; secrets in ``exclude`` (the
-    evaluation's) are skipped."""
+    """``count`` solved episodes by noisy search (bisection when ``centre`` is 0.5);
+    secrets in ``exclude`` (the evaluation's) are skipped."""
     env = GuessNumberEnv(**env_kwargs)
     rng = random.Random(offset)
     out: list[list[Message]] = []
     seed = SFT_SEED_BASE + offset
     while len(out) < count:
-        messages, solved = demonstration(env, seed, noise, rng)
+        messages, solved = demonstration(env, seed, noise, rng, centre)
         seed += 1
         if solved and env.secret not in exclude:
             out.append(messages)

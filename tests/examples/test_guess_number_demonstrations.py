@@ -47,3 +47,14 @@ def test_noisy_guess_stays_inside_and_centres_on_the_midpoint() -> None:
 
 def _secret(demo: list) -> int:
     return int(re.findall(r"\d+", demo[-1]["content"])[-1])
+
+
+def test_off_centre_guesses_aim_at_their_fraction_of_the_interval() -> None:
+    rng = random.Random(1)
+    guesses = [noisy_guess(0, 31, 0.3, rng, centre=0.2) for _ in range(2000)]
+    assert all(0 < g < 31 for g in guesses)
+    # 0.2 of the way from 0 to 31 is 6.2; keeping the guesses above 0 lifts the mean a little
+    assert abs(sum(guesses) / len(guesses) - 6.6) < 0.6
+    demos = demonstrations(20, 0.3, centre=0.2, **{**KWARGS, "max_guesses": 8})
+    firsts = [int(re.findall(r"\d+", d[2]["content"])[-1]) for d in demos]
+    assert sum(firsts) / len(firsts) < 12  # lopsided: bisection's first guess is 15 or 16
