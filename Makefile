@@ -12,13 +12,15 @@ STAMP := $(VENV)/.agentrl-installed
 # The braces keep pip's exit status (pipefail) while grep may print nothing.
 QUIET_PIP := { grep -v "WARNING: Location '" || true; }
 
-.PHONY: help install demo test soak bench lint clean
+.PHONY: help install demo demo-multiturn test soak bench ablation lint clean
 
 help:
 	@echo "make demo     install, then teach a tiny model to use a calculator: SFT warm start + async RL"
+	@echo "make demo-multiturn  install, then the multi-turn demo: guess a number from higher/lower replies"
 	@echo "make test     install, then run the whole test suite (real vLLM on CPU)"
 	@echo "make soak     install, then run every fault-injection test, long ones included; prints the fault table"
 	@echo "make bench    install, then run the benchmarks (about 10 minutes on 2 cores)"
+	@echo "make ablation install, then the off-policy corrections under forced staleness (about an hour)"
 	@echo "make lint     ruff, and the import layers (lint-imports)"
 	@echo "make install  create $(VENV) with pinned versions (idempotent)"
 
@@ -47,6 +49,10 @@ $(STAMP): pyproject.toml
 demo: install
 	$(PY) examples/calculator_agent/run.py
 
+# Multi-turn: SFT warm start, then async RL; success and turns before and after.
+demo-multiturn: install
+	$(PY) examples/guess_number/run.py
+
 test: install
 	$(PY) -m pytest -q -ra --durations=10
 
@@ -58,6 +64,11 @@ soak: install
 
 bench: install
 	$(PY) benchmarks/run_all.py
+
+# Each correction at max_staleness 0, 2 and 4 on digits and guess-number; writes
+# benchmarks/results/ablation.{md,png}, the figures behind the loss defaults.
+ablation: install
+	$(PY) benchmarks/bench_ablation.py
 
 lint: install
 	$(VENV)/bin/ruff check agentrl envs tools tests benchmarks examples

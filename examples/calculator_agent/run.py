@@ -161,6 +161,7 @@ def main() -> int:
     from agentrl.run import prepare, train
 
     quiet_vllm()
+    end_quietly()  # at exit, no teardown noise from triton after the results or an error
     env_kwargs = ", ".join(f"{k} = {json.dumps(v)}" for k, v in RECIPE.env_kwargs)
     overrides = [f'--model.path="{model}"', f"--env.kwargs={{{env_kwargs}}}", *overrides]
     try:
@@ -179,7 +180,6 @@ def main() -> int:
             print(f"    {label:<34} {before[key]:>8.1%}   {after[key]:>8.1%}")
         print(f"  plots: {run_dir}/plots/reward.png   trace: {run_dir}/trace.json "
               f"(open in https://ui.perfetto.dev)")  # fmt: skip
-    end_quietly()  # the results stay the last lines (no teardown noise from triton)
     return 0
 
 
