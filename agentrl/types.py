@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import operator
 from typing import Any, Literal
 
 import numpy as np
@@ -106,6 +107,11 @@ class TokenSpan:
     def sampled(self) -> bool:
         return self.kind == "assistant"
 
+    def astuple(self) -> tuple[Any, ...]:
+        """``dataclasses.astuple(self)``, without its generic recursion and deep copies
+        (the fields are atoms): checkpoints and stored trajectories write every span."""
+        return _span_fields(self)
+
 
 @dataclasses.dataclass(slots=True)
 class Timings:
@@ -120,7 +126,12 @@ class Timings:
     total_s: float = 0.0
 
     def as_dict(self) -> dict[str, float]:
-        return dataclasses.asdict(self)
+        # dataclasses.asdict, without its deep copies (the fields are floats)
+        return {name: getattr(self, name) for name in _TIMINGS_FIELDS}
+
+
+_span_fields = operator.attrgetter(*(f.name for f in dataclasses.fields(TokenSpan)))
+_TIMINGS_FIELDS = tuple(f.name for f in dataclasses.fields(Timings))
 
 
 def _array(values: Any, dtype: Any) -> np.ndarray:
@@ -193,7 +204,7 @@ class Trajectory:
         if not math.isfinite(self.reward):
             raise ValueError(f"{who}: reward {self.reward} is not finite")
         mask = self.loss_mask.astype(bool)
-        if not np.isin(self.loss_mask, (0, 1)).all():
+        if not ((self.loss_mask == 0) | (self.loss_mask == 1)).all():  # np.isin, 7x faster
             raise ValueError(f"{who}: loss_mask holds values other than 0 and 1")
         if (self.versions[mask] < 0).any():
             bad = np.flatnonzero(mask & (self.versions < 0))[:5].tolist()
@@ -428,13 +439,11 @@ class PartialEpisode:
         """Everything but the arrays, as JSON-ready data."""
         bounds, position = [], 0
         for s in self.segments:
-            bounds.append(
-                (position, position + len(s.token_ids), [dataclasses.astuple(x) for x in s.spans])
-            )
+            bounds.append((position, position + len(s.token_ids), [x.astuple() for x in s.spans]))
             position += len(s.token_ids)
         return {
             "episode_id": self.episode_id,
-            "task": dataclasses.asdict(self.task),
+            "task": _task_dict(self.task),
             "attempt": self.attempt,
             "version": self.version,
             "started_version": self.started_version,
@@ -461,3 +470,17 @@ class PartialEpisode:
     @property
     def num_tokens(self) -> int:
         return sum(len(s.token_ids) for s in self.segments)
+
+
+_ATOMS = (str, int, float, bool, type(None))
+
+
+def _task_dict(task: Task) -> dict[str, Any]:
+    """``dataclasses.asdict(task)``; the usual task (options and kwargs of plain values)
+    without its generic recursion, which every checkpoint paid."""
+    parts = (task.options or {}, task.env_kwargs)
+    if not all(type(v) in _ATOMS for d in parts for v in d.values()):
+        return dataclasses.asdict(task)
+    return {"task_id": task.task_id, "env_id": task.env_id, "seed": task.seed,
+            "options": None if task.options is None else dict(task.options),
+            "env_kwargs": dict(task.env_kwargs)}  # fmt: skip

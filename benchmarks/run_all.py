@@ -26,6 +26,7 @@ BENCHMARKS = [
     ("trainer", "bench_trainer.py", ["--device", "cpu"]),
     ("sandbox", "bench_sandbox.py", []),
     ("remote_env", "bench_remote_env.py", []),
+    ("ceiling", "bench_ceiling.py", []),
 ]
 
 

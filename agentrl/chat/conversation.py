@@ -30,6 +30,9 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
+from agentrl.chat.rendering import RenderTokenizer
 from agentrl.types import NO_VERSION, Message, PartialEpisode, SegmentArrays, SpanKind, TokenSpan
 
 
@@ -40,8 +43,16 @@ def as_messages(obs: Any) -> list[Message]:
     return [{"role": "user", "content": "" if obs is None else str(obs)}]
 
 
+_ARRAYS = (("token_ids", np.int32), ("logprobs", np.float32), ("versions", np.int32),
+           ("loss_mask", np.int8))  # fmt: skip
+"""The parallel lists of a :class:`Segment` and their dtypes in :class:`SegmentArrays`."""
+
+
 class Segment:
-    """The token arrays of one training sequence, built turn by turn."""
+    """The token arrays of one training sequence, built turn by turn.
+
+    The lists only grow through :meth:`append` (or shrink through :meth:`truncate`).
+    """
 
     def __init__(self) -> None:
         self.token_ids: list[int] = []
@@ -49,10 +60,33 @@ class Segment:
         self.versions: list[int] = []
         self.loss_mask: list[int] = []
         self.spans: list[TokenSpan] = []
+        # numpy copies of the lists' first tokens, and the lists they were made from
+        self._done: tuple[np.ndarray, ...] = tuple(np.zeros(0, d) for _, d in _ARRAYS)
+        self._done_from: tuple[list[Any], ...] = ()
 
     def arrays(self) -> SegmentArrays:
-        return SegmentArrays(self.token_ids, self.logprobs, self.versions, self.loss_mask,
-                             list(self.spans))  # fmt: skip
+        """The arrays so far (fresh copies, with the spans).
+
+        Converted incrementally: a checkpoint at every turn boundary converted the whole
+        segment from Python lists each time (O(turns²) an episode); only the tokens
+        appended since the last call are converted now, the rest is copied.
+        """
+        lists = tuple(getattr(self, name) for name, _ in _ARRAYS)
+        done = self._done
+        if len(self._done_from) != len(lists) or any(
+            a is not b for a, b in zip(self._done_from, lists, strict=True)
+        ):  # lists replaced from outside: start over
+            done = tuple(np.zeros(0, d) for _, d in _ARRAYS)
+        k = len(done[0])
+        if k > len(lists[0]):
+            done = tuple(a[: len(lists[0])] for a in done)
+        elif k < len(lists[0]):
+            done = tuple(
+                np.concatenate((a, np.asarray(values[k:], dtype=dtype)))
+                for a, values, (_, dtype) in zip(done, lists, _ARRAYS, strict=True)
+            )
+        self._done, self._done_from = done, lists
+        return SegmentArrays(*(a.copy() for a in done), list(self.spans))
 
     @classmethod
     def from_arrays(cls, arrays: SegmentArrays) -> Segment:
@@ -66,8 +100,9 @@ class Segment:
 
     def truncate(self, n: int) -> None:
         """Keep the first ``n`` tokens (spans cut to match)."""
-        for name in ("token_ids", "logprobs", "versions", "loss_mask"):
+        for name, _ in _ARRAYS:
             del getattr(self, name)[n:]
+        self._done = tuple(a[:n] for a in self._done)
         spans = []
         for span in self.spans:
             if span.start >= n:
@@ -126,6 +161,7 @@ class Conversation:
         self.reprefilled_tokens = 0
         self.turn = 0
         self._last_finish: str = "stop"
+        self._renderer = RenderTokenizer.for_tokenizer(tokenizer)
         self.current.append("prompt", 0, self.render(self.messages, add_generation_prompt=True))
 
     @classmethod
@@ -144,6 +180,7 @@ class Conversation:
         self.reprefilled_tokens = 0  # counted from here on (not in the checkpoint)
         self.turn = partial.turn
         self._last_finish = partial.last_finish
+        self._renderer = RenderTokenizer.for_tokenizer(tokenizer)
         return self
 
     @property
@@ -163,6 +200,16 @@ class Conversation:
         return len(self.current.token_ids)
 
     def render(self, messages: list[Message], *, add_generation_prompt: bool) -> list[int]:
+        """The chat template's rendering of ``messages``, tokenized.
+
+        Through a :class:`~agentrl.chat.rendering.RenderTokenizer` where the tokenizer
+        allows it: the same ids, but only text not seen in an earlier rendering of this
+        conversation is tokenized (each turn renders the whole conversation twice).
+        """
+        if self._renderer is not None:
+            return self._renderer.render(messages, add_generation_prompt=add_generation_prompt,
+                                         tools=self.tools,
+                                         template_kwargs=self.template_kwargs)  # fmt: skip
         out = self.tokenizer.apply_chat_template(
             messages,
             tools=self.tools,

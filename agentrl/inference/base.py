@@ -93,7 +93,14 @@ class Generation:
                 f"generation {self.request_id!r}: {len(self.token_ids)} token ids but "
                 f"{len(self.versions)} versions; every sampled token needs one version"
             )
-        if any(b < a for a, b in itertools.pairwise(self.versions)):
+        # The usual case (one version throughout, no NaN or positive logprob) is checked
+        # in C; the per-token scans below run only to say what is wrong.
+        versions = self.versions
+        if (
+            len(versions) > 1
+            and min(versions) != max(versions)
+            and any(b < a for a, b in itertools.pairwise(versions))
+        ):
             raise ValueError(
                 f"generation {self.request_id!r}: versions decrease along the sequence: "
                 f"{self.versions}"
@@ -103,7 +110,10 @@ class Generation:
                 f"generation {self.request_id!r}: {len(self.token_ids)} token ids but "
                 f"{len(self.logprobs)} logprobs; every sampled token needs one logprob"
             )
-        bad = [i for i, lp in enumerate(self.logprobs) if math.isnan(lp) or lp > 1e-4]
+        logprobs = self.logprobs
+        if len(logprobs) == 0 or (not math.isnan(sum(logprobs)) and max(logprobs) <= 1e-4):
+            return
+        bad = [i for i, lp in enumerate(logprobs) if math.isnan(lp) or lp > 1e-4]
         if bad:
             raise ValueError(
                 f"generation {self.request_id!r}: logprobs at positions {bad[:5]} are NaN or "

@@ -131,6 +131,11 @@ class Scheduler:
                 if self.writer is not None:  # recorded in admission order
                     self.writer.task(task, self.config.group_size)
                 tg.create_task(self._run_group(task), name=f"group-{task.task_id}")
+                # Let the loop turn between admissions: with free slots nothing above
+                # waits, and admitting a thousand groups in one go (their episodes then
+                # start their envs, each in a thread of its own, all in the next turn)
+                # held the event loop for about a second (bench_ceiling's loop lag).
+                await asyncio.sleep(0)
 
     async def _admit(self) -> None:
         size = self.config.group_size

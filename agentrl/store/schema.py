@@ -14,7 +14,6 @@ It does not read or write rows itself; :class:`~agentrl.store.EpisodeStore` does
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sqlite3
 from pathlib import Path
@@ -217,7 +216,7 @@ def trajectory_meta(t: Trajectory) -> dict[str, Any]:
     return {
         "task_id": t.task_id,
         "seed": t.seed,
-        "spans": [dataclasses.astuple(s) for s in t.spans],
+        "spans": [s.astuple() for s in t.spans],
         "messages": t.messages,
         "turn_rewards": t.turn_rewards,
         "reason": t.reason,

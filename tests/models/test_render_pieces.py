@@ -1,0 +1,122 @@
+"""Tokenizing renderings piece by piece (agentrl.chat.rendering) gives the very ids that
+tokenizing them whole does: for every family's tokenizer, for pre-tokenizers that treat
+the start of the text apart (Metaspace ``prepend_scheme="first"``) and normalizers, over
+random texts full of special tokens and over rendered tool conversations; and where the
+tokenizer does not allow it, the conversation tokenizes whole renderings as before."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from agentrl.chat import Conversation
+from agentrl.chat.rendering import RenderTokenizer
+from tests.models.families import (
+    ADD_SCHEMA,
+    NAMES,
+    build_tokenizer,
+    family,
+    sample_conversation,
+)
+
+WORDS = ["hello", " world", "\n", "  ", "\t", "é", "日本", "🙂", "ﬁ", "Ü", "'s", "123", "<", "|",
+         "<think>", "</think>", "[INST]", "<tool_call>", "<|im_end|>", "<|eot_id|>"]  # fmt: skip
+
+
+def _other_tokenizer(pre_tokenizer: Any, normalizer: Any) -> Any:
+    """A BPE tokenizer with qwen2.5's template and special tokens around the given parts."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    fam = family("qwen2.5")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizer
+    if normalizer is not None:
+        tok.normalizer = normalizer
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=fam.special_tokens,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  min_frequency=1, show_progress=False)  # fmt: skip
+    tok.train_from_iterator(["hello world, what is 2 + 3? the add tool. answer: ok " * 3,
+                             "Ünïcödé text ﬁ ligature 日本"], trainer=trainer)  # fmt: skip
+    others = [t for t in fam.special_tokens if t not in (fam.eos, fam.pad)]
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=fam.eos, pad_token=fam.pad,
+                                   additional_special_tokens=others,
+                                   chat_template=fam.template)  # fmt: skip
+
+
+def _tokenizers() -> dict[str, Any]:
+    from tokenizers import normalizers, pre_tokenizers
+
+    out = {name: build_tokenizer(family(name)) for name in NAMES}
+    out["metaspace-first+nfkc"] = _other_tokenizer(
+        pre_tokenizers.Metaspace(prepend_scheme="first"), normalizers.NFKC()
+    )
+    out["bytelevel-prefix-space+lowercase"] = _other_tokenizer(
+        pre_tokenizers.ByteLevel(add_prefix_space=True),
+        normalizers.Sequence([normalizers.NFD(), normalizers.Lowercase()]),
+    )
+    return out
+
+
+@pytest.fixture(scope="module")
+def tokenizers() -> dict[str, Any]:
+    return _tokenizers()
+
+
+def test_pieces_give_the_ids_of_the_whole_text(tokenizers: dict[str, Any]) -> None:
+    rng = random.Random(0)
+    for name, tok in tokenizers.items():
+        pieces = RenderTokenizer.for_tokenizer(tok)
+        assert pieces is not None, name
+        specials = [t.content for t in tok.backend_tokenizer.get_added_tokens_decoder().values()]
+        for _ in range(300):  # one renderer throughout: later texts reuse remembered pieces
+            text = "".join(rng.choice(WORDS + specials) for _ in range(rng.randint(0, 40)))
+            whole = list(tok(text, add_special_tokens=False)["input_ids"])
+            assert pieces.encode(text) == whole, (name, text)
+
+
+def test_renderings_are_the_template_tokens(tokenizers: dict[str, Any]) -> None:
+    conv = sample_conversation()
+    for name, tok in tokenizers.items():
+        pieces = RenderTokenizer.for_tokenizer(tok)
+        assert pieces is not None
+        for end in range(2, len(conv) + 1):  # from the first user message (llama3 needs it)
+            for gen in (False, True):
+                expected = tok.apply_chat_template(conv[:end], tools=[ADD_SCHEMA],
+                                                   add_generation_prompt=gen, tokenize=True,
+                                                   return_dict=True)["input_ids"]  # fmt: skip
+                got = pieces.render(conv[:end], add_generation_prompt=gen, tools=[ADD_SCHEMA],
+                                    template_kwargs={})  # fmt: skip
+                assert got == list(expected), (name, end, gen)
+
+
+def test_a_tokenizer_that_may_differ_renders_whole(tokenizers: dict[str, Any]) -> None:
+    from tokenizers import AddedToken
+
+    tok = build_tokenizer(family("qwen2.5"))
+    tok.add_tokens([AddedToken("<lstrip>", lstrip=True)])
+    assert RenderTokenizer.for_tokenizer(tok) is None
+    conv = Conversation(tok, [{"role": "user", "content": "Hi <lstrip> there"}])
+    assert conv._renderer is None
+    expected = tok.apply_chat_template([{"role": "user", "content": "Hi <lstrip> there"}],
+                                       add_generation_prompt=True, tokenize=True,
+                                       return_dict=True)["input_ids"]  # fmt: skip
+    assert conv.token_ids == list(expected)
+
+    split = build_tokenizer(family("qwen2.5"))
+    split.split_special_tokens = True
+    assert RenderTokenizer.for_tokenizer(split) is None
+
+
+def test_tokens_added_later_are_not_missed() -> None:
+    tok = build_tokenizer(family("qwen2.5"))
+    pieces = RenderTokenizer.for_tokenizer(tok)
+    assert pieces is not None
+    text = "<|im_start|>user\nsay <new_token> twice<|im_end|>\n"
+    assert pieces.encode(text) == list(tok(text, add_special_tokens=False)["input_ids"])
+    tok.add_tokens(["<new_token>"], special_tokens=True)
+    whole = list(tok(text, add_special_tokens=False)["input_ids"])
+    assert tok.convert_tokens_to_ids("<new_token>") in whole
+    assert pieces.encode(text) == whole
