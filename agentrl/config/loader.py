@@ -167,10 +167,14 @@ def _apply_override(data: dict[str, Any], item: str) -> None:
         value = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw
-    node = data
+    node, hint = data, RunConfig
     parts = key.split(".")
     for part in parts[:-1]:
+        hints = typing.get_type_hints(hint) if dataclasses.is_dataclass(hint) else {}
+        hint = hints.get(part)
         child = node.setdefault(part, {})
+        if isinstance(child, str) and hint in _SHORTHAND:  # loss = "grpo", then loss.gamma
+            child = node[part] = {_SHORTHAND[hint]: child}
         if not isinstance(child, dict):
             raise ConfigError(f"override {item!r}: {part!r} is not a section")
         node = child

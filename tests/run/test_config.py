@@ -53,6 +53,13 @@ def test_load_overrides_and_round_trip(tmp_path: Path) -> None:
     # the shorthand trainer.loss = "grpo" is the table [trainer.loss] kind = "grpo"
     assert RunConfig.load(path, ['--trainer.loss="grpo"']).trainer.loss.kind == "grpo"
     assert RunConfig.load(path, ['--trainer.loss.kind="grpo"']).trainer.loss.kind == "grpo"
+    # a file that uses the shorthand still takes overrides of the section's other keys
+    short = tmp_path / "short.toml"
+    short.write_text(GOOD.replace("[trainer]\n", '[trainer]\nloss = "dapo"\n', 1))
+    loss = RunConfig.load(short, ["--trainer.loss.gamma=0.8"]).trainer.loss
+    assert (loss.kind, loss.gamma) == ("dapo", 0.8)
+    with pytest.raises(ConfigError, match="'lr' is not a section"):
+        RunConfig.load(short, ["--trainer.lr.x=1"])
 
 
 def test_one_default_per_setting_and_a_reference_that_lists_every_key() -> None:
