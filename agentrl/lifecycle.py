@@ -42,6 +42,8 @@ T = TypeVar("T")
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 SCAN_INTERVAL_S = 1.0
+SETTLE_S = 1.0
+"""After the watched process exits, how long its descendants get to end by themselves."""
 
 
 class Stopped(KeyboardInterrupt):
@@ -183,6 +185,13 @@ def watch(parent: int, interval_s: float = SCAN_INTERVAL_S) -> int:
         known = {p: s for p, s in known.items() if (st := _stat(p)) and st[1] == s}
     known.pop(me, None)
     names = {pid: _name(pid) for pid in known}
+    # What ends by itself once its parent is gone is neither stopped nor reported:
+    # multiprocessing's resource tracker reads EOF on its pipe, unlinks what was leaked
+    # and exits, a moment after a clean exit.
+    deadline = time.monotonic() + SETTLE_S
+    while known and time.monotonic() < deadline:
+        time.sleep(0.05)
+        known = _targets(known)
     hit = stop_processes(known)
     if hit:
         listed = ", ".join(f"{pid} {names.get(pid) or _name(pid)}" for pid in sorted(hit)[:8])

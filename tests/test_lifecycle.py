@@ -88,6 +88,31 @@ def test_sigkilled_process_leaves_nothing_it_started(tmp_path: Path) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
 
 
+def test_what_ends_by_itself_after_a_clean_exit_is_not_reported(tmp_path: Path) -> None:
+    """multiprocessing's resource tracker exits by itself once its parent has: the
+    watchdog lets it, and names only what it had to stop (here a sleeping child)."""
+    proc = _script(tmp_path, """
+        import multiprocessing.resource_tracker as rt, subprocess, sys
+        from agentrl.lifecycle import ensure_reaper
+        reaper = ensure_reaper()
+        rt.ensure_running()
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+        import time; time.sleep(2.5)  # two watchdog scans
+        print("ready", reaper, rt._resource_tracker._pid, child.pid, flush=True)
+    """)
+    try:
+        reaper, tracker, child = _ready(proc)
+        assert proc.wait(10) == 0
+        assert proc.stderr is not None
+        stderr = proc.stderr.read()  # the watchdog writes to it; EOF once it has exited
+        assert _wait(lambda: not any(map(_alive, (reaper, tracker, child))))
+        assert f"stopped 1 process(es) it had started ({child} " in stderr, stderr
+        assert "resource_tracker" not in stderr and str(tracker) not in stderr, stderr
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
 def test_kill_processes_spares_a_reused_pid() -> None:
     """A PID is killed only while it still has the start time that was recorded."""
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
