@@ -101,6 +101,37 @@ class SFTSettings:
             raise ConfigError(f"sft.lr must be positive, got {self.lr}")
 
 
+def scaled_stage(settings: SFTSettings, count: int, scale: float) -> tuple[SFTSettings, int]:
+    """A stage's settings and number of demonstrations with both times ``scale`` (a
+    quick check of a recipe), keeping at least one step and one batch."""
+    if scale == 1.0:
+        return settings, count
+    steps = max(1, round(settings.steps * scale))
+    count = max(settings.batch_size, round(count * scale))
+    return dataclasses.replace(settings, steps=steps), count
+
+
+def cached_warm_start(name: str, recipe: object, model_key: str, fresh: bool) -> tuple[Path, bool]:
+    """Where the warm start ``name`` of a model with a recipe is kept, and whether a
+    finished one is there to reuse.
+
+    The folder is ``<cache>/warm-start/<name>-<hash>``, hashed over ``repr(recipe)``
+    and ``model_key``: a changed recipe or base model gets a folder of its own.
+    ``fresh`` removes what is there, so it is built again.
+    """
+    import hashlib
+    import json
+
+    from agentrl.models.tiny import default_cache_dir
+
+    payload = json.dumps({"model": model_key, "recipe": repr(recipe)}, sort_keys=True)
+    digest = hashlib.sha256(payload.encode()).hexdigest()[:12]
+    out = default_cache_dir().parent / "warm-start" / f"{name}-{digest}"
+    if fresh and out.exists():
+        shutil.rmtree(out)
+    return out, (out / "config.json").is_file()
+
+
 def _staging_folder(out: Path) -> Path:
     """The scratch folder next to ``out`` that a warm start builds in, emptied.
 

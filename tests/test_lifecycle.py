@@ -88,18 +88,21 @@ def test_sigkilled_process_leaves_nothing_it_started(tmp_path: Path) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
 
 
+CLEAN_EXIT = """
+    import multiprocessing.resource_tracker as rt, subprocess, sys, time
+    from agentrl.lifecycle import ensure_reaper
+    reaper = ensure_reaper()
+    rt.ensure_running()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    time.sleep(2.5)  # two watchdog scans
+    print("ready", reaper, rt._resource_tracker._pid, child.pid, flush=True)
+"""
+
+
 def test_what_ends_by_itself_after_a_clean_exit_is_not_reported(tmp_path: Path) -> None:
     """multiprocessing's resource tracker exits by itself once its parent has: the
     watchdog lets it, and names only what it had to stop (here a sleeping child)."""
-    proc = _script(tmp_path, """
-        import multiprocessing.resource_tracker as rt, subprocess, sys
-        from agentrl.lifecycle import ensure_reaper
-        reaper = ensure_reaper()
-        rt.ensure_running()
-        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-        import time; time.sleep(2.5)  # two watchdog scans
-        print("ready", reaper, rt._resource_tracker._pid, child.pid, flush=True)
-    """)
+    proc = _script(tmp_path, CLEAN_EXIT)
     try:
         reaper, tracker, child = _ready(proc)
         assert proc.wait(10) == 0

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import json
 import os
 import sys
@@ -33,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))  # run from a checkout without installing
 
 from agentrl.models.tiny import TinyModelConfig  # noqa: E402
-from agentrl.sft import SFTSettings  # noqa: E402
+from agentrl.sft import SFTSettings, scaled_stage  # noqa: E402
 
 # The tiny model of the demo (see docs in agentrl/models/tiny.py for each field).
 DEMO_MODEL = TinyModelConfig(
@@ -65,23 +64,13 @@ class WarmStart:
     )  # fmt: skip
     env_kwargs: tuple[tuple[str, object], ...] = (("max_operand", 49), ("ops", "+-"))
 
-    def key(self, model_key: str) -> str:
-        payload = json.dumps({"model": model_key, "recipe": repr(self)}, sort_keys=True)
-        return hashlib.sha256(payload.encode()).hexdigest()[:12]
-
 
 RECIPE = WarmStart()
 
 
 def scaled(recipe: WarmStart, scale: float) -> WarmStart:
     """The recipe with every stage's steps and demonstrations times ``scale`` (for tests)."""
-    if scale == 1.0:
-        return recipe
-    stages = tuple(
-        (dataclasses.replace(s, steps=max(1, round(s.steps * scale))),
-         max(s.batch_size, round(n * scale)), f)
-        for s, n, f in recipe.stages
-    )  # fmt: skip
+    stages = tuple((*scaled_stage(s, n, scale), f) for s, n, f in recipe.stages)
     return dataclasses.replace(recipe, stages=stages)
 
 
@@ -89,8 +78,8 @@ def warm_start(model: str, fresh: bool, recipe: WarmStart = RECIPE,
                held_out: tuple[int, int] = (1_000_000, 200)) -> Path:  # fmt: skip
     """Build (or reuse) the warm-started model; return its folder."""
     from agentrl.models import resolve_model
-    from agentrl.models.tiny import build_tiny_model, default_cache_dir
-    from agentrl.sft import demonstration_example
+    from agentrl.models.tiny import build_tiny_model
+    from agentrl.sft import cached_warm_start, demonstration_example
     from agentrl.sft import warm_start as sft
     from agentrl.tools import ToolSet
     from tools.calculator import calculator
@@ -101,15 +90,10 @@ def warm_start(model: str, fresh: bool, recipe: WarmStart = RECIPE,
     else:
         base = Path(resolve_model(model)) if Path(model).exists() else model
         model_key = str(model)
-    key = recipe.key(f"{model_key}|held-out {held_out}")
-    out = default_cache_dir().parent / "warm-start" / f"calculator-{key}"
-    if (out / "config.json").is_file() and not fresh:
+    out, built = cached_warm_start("calculator", recipe, f"{model_key}|held-out {held_out}", fresh)
+    if built:
         print(f"warm start: reusing {out} (--fresh-sft rebuilds it)", flush=True)
         return out
-    if fresh and out.exists():
-        import shutil
-
-        shutil.rmtree(out)
     from transformers import AutoTokenizer
 
     from examples.calculator_agent.demonstrations import demonstrations, problems

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
-import json
 import os
 import sys
 import time
@@ -32,7 +30,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))  # run from a checkout without installing
 
-from agentrl.sft import SFTSettings  # noqa: E402
+from agentrl.sft import SFTSettings, scaled_stage  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,22 +50,13 @@ class WarmStart:
     """Gaussian noise of a demonstrated guess, in half-widths of the open interval."""
     env_kwargs: tuple[tuple[str, object], ...] = (("low", 1), ("high", 30), ("max_guesses", 8))
 
-    def key(self, model_key: str) -> str:
-        payload = json.dumps({"model": model_key, "recipe": repr(self)}, sort_keys=True)
-        return hashlib.sha256(payload.encode()).hexdigest()[:12]
-
 
 RECIPE = WarmStart()
 
 
 def scaled(recipe: WarmStart, scale: float) -> WarmStart:
     """The recipe with its steps and demonstrations times ``scale`` (for quick checks)."""
-    if scale == 1.0:
-        return recipe
-    settings = dataclasses.replace(
-        recipe.settings, steps=max(1, round(recipe.settings.steps * scale))
-    )
-    count = max(recipe.settings.batch_size, round(recipe.count * scale))
+    settings, count = scaled_stage(recipe.settings, recipe.count, scale)
     return dataclasses.replace(recipe, settings=settings, count=count)
 
 
@@ -75,21 +64,17 @@ def warm_start(fresh: bool, recipe: WarmStart = RECIPE) -> Path:
     """Build (or reuse) the warm-started tiny model; return its folder."""
     from transformers import AutoTokenizer
 
-    from agentrl.models.tiny import build_tiny_model, default_cache_dir
-    from agentrl.sft import demonstration_example
+    from agentrl.models.tiny import build_tiny_model
+    from agentrl.sft import cached_warm_start, demonstration_example
     from agentrl.sft import warm_start as sft
     from examples.calculator_agent.run import DEMO_MODEL
     from examples.guess_number.demonstrations import demonstrations
 
     base = build_tiny_model(DEMO_MODEL)
-    out = default_cache_dir().parent / "warm-start" / f"guess-number-{recipe.key(DEMO_MODEL.key())}"
-    if (out / "config.json").is_file() and not fresh:
+    out, built = cached_warm_start("guess-number", recipe, DEMO_MODEL.key(), fresh)
+    if built:
         print(f"warm start: reusing {out} (--fresh-sft rebuilds it)", flush=True)
         return out
-    if fresh and out.exists():
-        import shutil
-
-        shutil.rmtree(out)
     tokenizer = AutoTokenizer.from_pretrained(str(base))
     demos = demonstrations(recipe.count, recipe.noise, centre=recipe.centre,
                            **dict(recipe.env_kwargs))  # fmt: skip
