@@ -1,17 +1,19 @@
 """A multi-turn demo that learns: guess the number, with SFT then async RL.
 
     python examples/guess_number/run.py                      # CPU, the tiny model
-    python examples/guess_number/run.py --trainer.loss.advantage=turn_return
+    python examples/guess_number/run.py --trainer.loss.advantage=episode   # plain GRPO
 
 Each episode is a conversation: the agent guesses a number from 1 to 30, the env
-answers "Higher." or "Lower.", and the reward is 1 for finding it within 6 guesses.
+answers "Higher." or "Lower.", and the reward is 1 for finding it within 8 guesses.
 
 1. Build the calculator demo's tiny model (every 1-3 digit chunk is one token).
 2. Warm it up with a short SFT (TRL's SFTTrainer) on noisy-bisection demonstrations
-   (see demonstrations.py): each turn writes the interval still open and a guess near
-   its middle. The warm-started model is cached (``--fresh-sft`` rebuilds it).
-3. ``agentrl train config.toml`` with it: async GRPO over whole conversations,
-   evaluated before and after on 200 episodes (seeds the demonstrations never used).
+   (see demonstrations.py): each turn writes the interval still open and a guess a
+   fifth of the way into it. The warm-started model is cached (``--fresh-sft``
+   rebuilds it).
+3. ``agentrl train config.toml`` with it: async GRPO over whole conversations with
+   per-turn credit (GiGPO), evaluated before and after on 1,000 episodes (seeds the
+   demonstrations never used).
 
 It prints success rate and mean turns before and after RL and writes
 ``RUN_DIR/plots/guess_number.png``. Everything after the script's own options goes to
