@@ -31,6 +31,7 @@ import functools
 import json
 import re
 import string
+import threading
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
@@ -177,6 +178,45 @@ def _run_sync(coro: Awaitable[Any], name: str) -> Any:
     )
 
 
+class _EnvThreads:
+    """Single-thread executors for envs, kept for the next env when one is let go.
+
+    Each env has a worker thread to itself while it lives (so a call that hangs holds
+    only that env's thread); an env closed with no call left running hands its thread
+    back, and the next env takes it instead of starting a thread (starting and stopping
+    one per episode was a tenth of the rollout loop's CPU). A thread stuck in a call
+    that missed its deadline is never handed back: it is let go.
+    """
+
+    def __init__(self, keep: int = 4096) -> None:
+        self.keep = keep
+        self._free: dict[str, list[ThreadPoolExecutor]] = {}
+        self._lock = threading.Lock()
+
+    def take(self, name: str) -> ThreadPoolExecutor:
+        with self._lock:
+            free = self._free.get(name)
+            if free:
+                return free.pop()
+        return ThreadPoolExecutor(1, thread_name_prefix=name)
+
+    def give_back(self, name: str, executor: ThreadPoolExecutor) -> None:
+        with self._lock:
+            free = self._free.setdefault(name, [])
+            if len(free) < self.keep:
+                free.append(executor)
+                return
+        executor.shutdown(wait=False)
+
+    def idle(self) -> int:
+        """Threads waiting to be taken."""
+        with self._lock:
+            return sum(map(len, self._free.values()))
+
+
+ENV_THREADS = _EnvThreads()
+
+
 class EnvHandle:
     """How the rollout engine drives one env without ever blocking its event loop.
 
@@ -198,19 +238,22 @@ class EnvHandle:
                     thread_name: str = "agentrl-env") -> EnvHandle:  # fmt: skip
         """``make(env_id, **kwargs)`` in the env's own worker thread (constructors may do
         I/O too), wrapped; the thread goes with the handle, or is let go if ``make`` fails."""
-        executor = ThreadPoolExecutor(1, thread_name_prefix=thread_name)
+        executor = ENV_THREADS.take(thread_name)
         try:
             env = await asyncio.get_running_loop().run_in_executor(
                 executor, functools.partial(make, env_id, **kwargs)
             )
-        except BaseException:
+        except BaseException:  # make may still be running (cancelled, timed out)
             executor.shutdown(wait=False, cancel_futures=True)
             raise
-        return cls(env, executor)
+        return cls(env, executor, thread_name=thread_name)
 
-    def __init__(self, env: gym.Env[Any, Any], executor: ThreadPoolExecutor | None = None) -> None:
+    def __init__(self, env: gym.Env[Any, Any], executor: ThreadPoolExecutor | None = None,
+                 *, thread_name: str = "agentrl-env") -> None:  # fmt: skip
         self.env = env
         self._executor = executor
+        self._thread_name = thread_name
+        self._abandoned = False
         self._running = 0  # calls submitted to the worker thread and not yet returned
         self.inner = env.unwrapped
         self.is_async = callable(getattr(self.inner, "astep", None)) and callable(
@@ -266,8 +309,10 @@ class EnvHandle:
         await self._thread(self.env.close)
 
     async def _thread(self, fn: Callable[[], Any]) -> Any:
+        if self._abandoned:
+            raise RuntimeError(f"the env {self.inner!r} was closed; it takes no more calls")
         if self._executor is None:
-            self._executor = ThreadPoolExecutor(1, thread_name_prefix="agentrl-env")
+            self._executor = ENV_THREADS.take(self._thread_name)
 
         def call() -> Any:
             try:
@@ -290,9 +335,16 @@ class EnvHandle:
             check()
 
     def abandon(self) -> None:
-        """Let go of the worker thread (after close): one stuck in a hung call is left."""
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
+        """Let go of the worker thread (after close): it goes back for the next env, or,
+        stuck in a hung call, is left to it."""
+        self._abandoned = True
+        executor, self._executor = self._executor, None
+        if executor is None:
+            return
+        if self._running:
+            executor.shutdown(wait=False, cancel_futures=True)
+        else:
+            ENV_THREADS.give_back(self._thread_name, executor)
 
     def get_state(self) -> dict[str, Any] | None:
         """The env's snapshot when it has ``get_state`` and the snapshot is JSON; else None."""

@@ -1,12 +1,12 @@
-"""Concurrency sweep, and memory: 1 to 1024 concurrent multi-turn episodes.
+"""Concurrency sweep, and memory: 1 to 4096 concurrent multi-turn episodes.
 
-    python benchmarks/bench_concurrency.py [--levels 1,16,64,256,1024]
+    python benchmarks/bench_concurrency.py [--levels 1,16,64,256,1024,4096]
 
 Each level runs ``max(level, 64)`` episodes of ``bench/Echo-v0`` (3 turns of 16
 sampled tokens; every env step waits 50 ms without using the CPU, as a tool call to a
 service would) with ``level`` of them at once, through the scheduler, runner and
 episode store. Reported: sampled tokens/s, episode latency p50/p99, event-loop lag p99
-(how late the loop woke up; target under 50 ms at 1024), peak RSS of this process
+(how late the loop woke up; target under 50 ms at 4096), peak RSS of this process
 (the rollout process; vLLM's engine core is its own process), and the bytes per token
 in the store and in the trajectory queue.
 """
@@ -124,7 +124,7 @@ async def main_async(args: argparse.Namespace) -> list[dict]:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny")
-    parser.add_argument("--levels", default="1,16,64,256,1024")
+    parser.add_argument("--levels", default="1,16,64,256,1024,4096")
     parser.add_argument("--min-episodes", type=int, default=64)
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=16)

@@ -172,6 +172,42 @@ async def test_async_env_runs_on_the_loop_and_sync_env_in_a_thread() -> None:
     await sync.close()
 
 
+async def test_a_closed_env_hands_its_thread_to_the_next_unless_a_call_hung() -> None:
+    """Envs built one after another reuse one worker thread; a thread stuck in a call
+    that missed its deadline is let go, never handed to another env."""
+    name = "tests-env-threads"
+
+    async def thread_of(handle: EnvHandle) -> int:
+        seen: list[int] = []
+        original = handle.inner.step
+        handle.inner.step = lambda a: (seen.append(threading.get_ident()), original(a))[1]
+        await handle.step("Guess: 50")
+        return seen[0]
+
+    first = await EnvHandle.build(make_env, "agentrl/GuessNumber-v0", {}, thread_name=name)
+    await first.reset(seed=1)
+    used = await thread_of(first)
+    await first.close()
+    first.abandon()
+    with pytest.raises(RuntimeError, match="was closed"):
+        await first.step("Guess: 1")
+    second = await EnvHandle.build(make_env, "agentrl/GuessNumber-v0", {}, thread_name=name)
+    await second.reset(seed=1)
+    assert await thread_of(second) == used  # the same thread, handed on
+    release = threading.Event()
+    second.inner.step = lambda a: release.wait(30)  # a call that hangs
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.2):
+            await second.step("Guess: 2")
+    second.abandon()  # stuck: let go
+    third = await EnvHandle.build(make_env, "agentrl/GuessNumber-v0", {}, thread_name=name)
+    await third.reset(seed=1)
+    assert await thread_of(third) != used
+    release.set()
+    await third.close()
+    third.abandon()
+
+
 def test_async_env_passes_both_checkers_through_its_sync_form() -> None:
     register_env("tests/Countdown-v0", CountdownEnv, max_episode_steps=2)
     assert all(r.passed for r in check_env("tests/Countdown-v0"))
