@@ -68,6 +68,7 @@ from agentrl.rollout.episode import (
     EpisodeState,
     sampling,
 )
+from agentrl.rollout.turnstile import Turnstile
 from agentrl.tools import ParsedTurn
 from agentrl.trace import ROLLOUT, EpisodeTrace, Tracer
 from agentrl.types import (
@@ -136,6 +137,9 @@ class EpisodeRunner(EnvCalls):
         self._render_pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="render"
         )
+        # An engine step that ends hundreds of turns wakes hundreds of episodes at once;
+        # they go on a slice per loop pass, so timers and weight updates are not held up.
+        self._turnstile = Turnstile()
 
     async def _render(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._render_pool, fn, *args)
@@ -422,6 +426,7 @@ class EpisodeRunner(EnvCalls):
             if max_tokens < 1:
                 finish = "length"
                 break
+            await self._turnstile.through()
             t0 = time.perf_counter()
             try:
                 gen = await self.client.generate(
@@ -444,6 +449,7 @@ class EpisodeRunner(EnvCalls):
                 ) from e
             finally:
                 ep.timings.generate_s += time.perf_counter() - t0
+            await self._turnstile.through()
             faults.point("generation")
             conversation.add_sampled(gen.token_ids, gen.logprobs, gen.versions)
             sampled.extend(gen.token_ids)
