@@ -208,6 +208,15 @@ class _EnvThreads:
                 return
         executor.shutdown(wait=False)
 
+    def drain(self) -> int:
+        """Stop the threads waiting to be taken; return how many there were."""
+        with self._lock:
+            free = [e for executors in self._free.values() for e in executors]
+            self._free.clear()
+        for executor in free:
+            executor.shutdown(wait=False)
+        return len(free)
+
     def idle(self) -> int:
         """Threads waiting to be taken."""
         with self._lock:

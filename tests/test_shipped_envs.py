@@ -12,7 +12,7 @@ from gymnasium.utils.env_checker import check_env as gym_check_env
 
 import envs  # noqa: F401  (registers the agentrl/* ids)
 from agentrl import check_env
-from agentrl.env import AsyncTextEnv, EnvHandle, make_env, register_env
+from agentrl.env import ENV_THREADS, AsyncTextEnv, EnvHandle, make_env, register_env
 
 REGISTERED = sorted(i for i in gym.registry if i.startswith("agentrl/"))
 
@@ -206,6 +206,7 @@ async def test_a_closed_env_hands_its_thread_to_the_next_unless_a_call_hung() ->
     release.set()
     await third.close()
     third.abandon()
+    assert ENV_THREADS.drain() >= 1 and ENV_THREADS.idle() == 0  # idle ones can be let go
 
 
 def test_async_env_passes_both_checkers_through_its_sync_form() -> None:
