@@ -419,6 +419,9 @@ class EpisodeRunner(EnvCalls):
         overflow: ContextOverflowError | None = None
         ep.progress.set_phase("engine")
         while True:
+            # Through the turnstile first: from the gate's check to the request, nothing
+            # may yield, or a request could reach the engine while a weight update runs.
+            await self._turnstile.through()
             if self.admission is not None and not self.admission.is_set():
                 await self._park(ep)
             room = self.client.max_model_len - len(conversation)
@@ -426,7 +429,6 @@ class EpisodeRunner(EnvCalls):
             if max_tokens < 1:
                 finish = "length"
                 break
-            await self._turnstile.through()
             t0 = time.perf_counter()
             try:
                 gen = await self.client.generate(
