@@ -100,13 +100,23 @@ def _kill_once_ended_and_unfinished(proc: Proc, out: Path) -> None:
     """SIGKILL the run as soon as its store holds both kinds. A fixed fault point raced
     the episodes: in fresh-clone CI the 40th generation of a rollout, and the third
     optimizer step of a train run (whose checkpoints of update 2 had all been resumed
-    and ended by then), each found 8 ended episodes and no durable checkpoint."""
+    and ended by then), each found 8 ended episodes and no durable checkpoint.
+
+    The run is stopped (SIGSTOP) and looked at again before the kill: between a look
+    and the kill, the last unfinished episode could end and its checkpoint go (a
+    fresh-clone CI run found 4 ended episodes and no checkpoint). Stopped, it writes
+    nothing more, so what the second look saw is what the store keeps."""
     deadline = time.monotonic() + 600
-    while not _both(out):
+    while True:
         assert proc.poll() is None, f"the run ended before it held both kinds: {proc.tail()}"
         assert time.monotonic() < deadline, "no ended and unfinished episodes in 600 s"
+        if _both(out):
+            os.kill(proc.pid, signal.SIGSTOP)
+            if _both(out):
+                os.kill(proc.pid, signal.SIGKILL)
+                return
+            os.kill(proc.pid, signal.SIGCONT)
         time.sleep(0.1)
-    os.kill(proc.pid, signal.SIGKILL)
 
 
 def replay(run: Run, *args: str) -> subprocess.CompletedProcess[str]:
