@@ -342,6 +342,10 @@ class Group:
     task: Task
     size: int
     trajectories: list[Trajectory] = dataclasses.field(default_factory=list)
+    admitted_at: int | None = None
+    """The trainer's version when the scheduler admitted the group (None: restored from
+    the store after a restart, or not scheduled): a step at version ``u`` must train
+    every group admitted at ``u - max_staleness`` or before."""
 
     @property
     def episodes(self) -> set[str]:

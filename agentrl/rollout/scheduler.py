@@ -125,19 +125,21 @@ class Scheduler:
             async for task in _aiter(tasks):
                 if self._stopping:
                     break
-                await self._admit()
+                admitted_at = await self._admit()
                 if self._stopping:
                     break
                 if self.writer is not None:  # recorded in admission order
                     self.writer.task(task, self.config.group_size)
-                tg.create_task(self._run_group(task), name=f"group-{task.task_id}")
+                self.queue.expect(admitted_at)  # a step due then waits for this group
+                tg.create_task(self._run_group(task, admitted_at), name=f"group-{task.task_id}")
                 # Let the loop turn between admissions: with free slots nothing above
                 # waits, and admitting a thousand groups in one go (their episodes then
                 # start their envs, each in a thread of its own, all in the next turn)
                 # held the event loop for about a second (bench_ceiling's loop lag).
                 await asyncio.sleep(0)
 
-    async def _admit(self) -> None:
+    async def _admit(self) -> int:
+        """Wait for room, count the group as started; the trainer's version then."""
         size = self.config.group_size
         async with self._capacity:
 
@@ -146,13 +148,24 @@ class Scheduler:
                 return self._stopping or left is None or left >= size
 
             await self._capacity.wait_for(admissible)
+            version = self.version()
             if self._stopping:
-                return
+                return version
             self.started += size
         for _ in range(size):  # a slot per episode; each episode frees its own
             await self.slots.acquire()
+        return version
 
-    async def _run_group(self, task: Task) -> None:
+    async def _run_group(self, task: Task, admitted_at: int) -> None:
+        queued = False
+        try:
+            await self._run_episodes(task, admitted_at)
+            queued = True
+        finally:
+            if not queued:  # cancelled or failed: a step waiting for it must not hang
+                self.queue.withdraw(admitted_at)
+
+    async def _run_episodes(self, task: Task, admitted_at: int) -> None:
         size = self.config.group_size
         ended: dict[str, list[Trajectory]] = {}
         partials: dict[str, PartialEpisode] = {}
@@ -171,7 +184,8 @@ class Scheduler:
                 )
                 for i in range(size)
             ]
-        group = Group(task, size, [t for episode in episodes for t in episode.result()])
+        group = Group(task, size, [t for episode in episodes for t in episode.result()],
+                      admitted_at=admitted_at)  # fmt: skip
         self.groups_done += 1
         self.metrics.count("groups_done")
         if self.writer is not None:

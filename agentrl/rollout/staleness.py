@@ -1,8 +1,7 @@
 """``Staleness``: the one rule for how far behind the trainer rollouts may fall.
 
 ``rollout.max_staleness = k`` promises that an episode admitted at trainer version
-``v`` is trained by version ``v + k`` at the latest. Two places enforce it, both
-through this class:
+``v`` is trained by version ``v + k`` at the latest. Three places enforce it:
 
 * admission (:class:`~agentrl.rollout.scheduler.Scheduler`): with ``B`` trajectories
   per optimizer step and the trainer at version ``v``, episodes may be started while
@@ -12,6 +11,11 @@ through this class:
   (:meth:`Staleness.capacity`). The trainer consumes ``B`` trajectories per version,
   so at most ``(k + 1) * B`` episodes are generated-but-untrained or in flight at any
   time (AReaL's and SkyRL's capacity rule);
+* the trainer's batch (:meth:`~agentrl.queue.TrajectoryQueue.get_batch` with ``due``):
+  groups end out of admission order, so a step at version ``u`` takes every group
+  admitted at ``u - k`` or before first, waiting for any still running. At ``k = 1``
+  admission leaves at most a batch due at once; at larger ``k`` an unlucky order can
+  leave more, and the oldest batch goes first;
 * the ``drop`` update policy (:class:`~agentrl.rollout.controller.RolloutController`):
   a parked episode whose oldest sampled token would be more than ``k`` versions behind
   the new version is discarded (:meth:`Staleness.too_stale`).

@@ -198,7 +198,12 @@ class TrainLoop:
             await self._train(await self._take())
 
     async def _take(self) -> list[Group]:
-        return await self.queue.get_batch(self.config.groups_per_step)
+        """The step's groups. Async with a staleness bound ``k``: every group admitted
+        at version ``trainer.version - k`` or before is in it (waited for if it is still
+        running), so none is trained more than ``k`` versions after its admission."""
+        k = self.scheduler.staleness.max_staleness
+        due = self.trainer.version - k if self.config.mode == "async" and k is not None else None
+        return await self.queue.get_batch(self.config.groups_per_step, due=due)
 
     async def _train(self, groups: list[Group]) -> None:
         t0 = time.perf_counter()
