@@ -68,7 +68,9 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     environ = {**os.environ, "AGENTRL_CACHE": str(model_cache)}
     imports = [LEDGER] if env == "user" else []
     if kind == "rollout":
-        args = [AGENTRL, "rollout", ENVS[env], "--episodes", "24", "--group-size", "2",
+        # Far more episodes than it runs before the kill: 24 took 3 s in fresh-clone CI,
+        # over before a look at the store (every 0.1 s) saw both kinds.
+        args = [AGENTRL, "rollout", ENVS[env], "--episodes", "400", "--group-size", "2",
                 "--concurrency", "8", "--max-turns", "4", "--max-tokens", "16",
                 "--out", str(out), *(a for i in imports for a in ("--import", i))]  # fmt: skip
     else:
