@@ -33,6 +33,9 @@ group_size = 8
 concurrency = 32
 max_turns = 1
 max_tokens_per_turn = 16
+# Room to generate ahead: with 1, a step waits for the groups admitted a version
+# before and often trains with nothing in flight (these episodes take about a second).
+max_staleness = 2
 [trainer]
 lr = 3e-3
 [train]
@@ -43,6 +46,7 @@ checkpoint_every = 2
 episodes = 16
 [log]
 progress = "plain"
+status_every_s = 0.1
 """
 
 
@@ -83,7 +87,7 @@ def test_train_cli_run_dir_top_and_resume(
                 if "in-flight episodes (0)" not in view:
                     live_view = view
                     break
-            time.sleep(0.2)
+            time.sleep(0.05)
         assert proc.wait(timeout=600) == 0, (tmp_path / "train.log").read_text()[-3000:]
     finally:
         if proc.poll() is None:
