@@ -254,10 +254,10 @@ async def train(config: RunConfig, run_dir: Path, *, resume: bool = False,
 async def _train(out: _RunOutput, model_path: str, store: EpisodeStore, display: Any,
                  result: TrainResult, *, resume: bool, accelerator: Any) -> None:  # fmt: skip
     """Build the components (the architecture diagram, left to right) and run them."""
-    from agentrl.chat.formats import resolve_chat_format
     from agentrl.queue import TrajectoryQueue
-    from agentrl.rollout import EpisodeRunner, Scheduler
+    from agentrl.rollout import Scheduler
     from agentrl.rollout.controller import RolloutController
+    from agentrl.rollout.workers import open_runner
     from agentrl.store import StoreWriter
     from agentrl.trainer.loop import TrainLoop
     from agentrl.trainer.publish import WeightPublisher
@@ -270,11 +270,10 @@ async def _train(out: _RunOutput, model_path: str, store: EpisodeStore, display:
                                               out.reporter)  # fmt: skip
         out = await _start_env_servers(out, stack)
         writer = await stack.enter_async_context(StoreWriter(store))
-        extra = {"make": out.make} if out.make is not None else {}
-        runner = EpisodeRunner(client, trainer.tokenizer, cfg.rollout, metrics=status.metrics,
-                               checkpoint=writer.partial, tracer=tracer,
-                               chat=resolve_chat_format(trainer.tokenizer, cfg.model),
-                               **extra)  # fmt: skip
+        runner = await open_runner(stack, client, trainer.tokenizer, cfg.rollout,
+                                   model=cfg.model, imports=cfg.env.imports,
+                                   metrics=status.metrics, checkpoint=writer.partial,
+                                   tracer=tracer, make=out.make)  # fmt: skip
         controller = RolloutController(runner, writer=writer, policy=cfg.rollout.update_policy,
                                        max_staleness=cfg.rollout.max_staleness,
                                        metrics=status.metrics)  # fmt: skip

@@ -69,6 +69,8 @@ def _rollout_parser(commands: Subparsers) -> None:
     _shortcut(roll, "--max-turns", "rollout.max_turns", int, "assistant turns per episode")
     _shortcut(roll, "--max-tokens", "rollout.max_tokens_per_turn", int, "per assistant turn")
     _shortcut(roll, "--temperature", "rollout.temperature", float, "sampling temperature")
+    _shortcut(roll, "--workers", "rollout.workers", int,
+              "processes that run the episodes (default 1: this one)")  # fmt: skip
     _shortcut(roll, "--max-model-len", "inference.max_model_len", int, "context window")
     _shortcut(roll, "--seed", "env.first_seed", int, "seed of the first task")
     roll.add_argument("--server", action="store_true",

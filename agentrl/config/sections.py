@@ -286,10 +286,13 @@ class RolloutConfig:
     sampling from the old prefix, or are dropped and run again."""
     ignore_eos: bool = False
     """Every turn samples exactly max_tokens_per_turn (benchmarks)."""
+    workers: int = 1
+    """Processes that run the episodes (rendering, tokenization, envs, tools), each its own
+    event loop; more than 1 when one core cannot feed the engine (agentrl.rollout.workers)."""
 
     def __post_init__(self) -> None:
         _at_least("rollout", self, 1, "group_size", "concurrency", "max_turns",
-                  "max_tokens_per_turn")  # fmt: skip
+                  "max_tokens_per_turn", "workers")  # fmt: skip
         _at_least("rollout", self, 0, "max_retries", "max_tool_calls")
         if self.max_staleness is not None and self.max_staleness < 0:
             raise ConfigError(f"rollout.max_staleness = {self.max_staleness!r}; it must be >= 0")

@@ -179,17 +179,17 @@ async def _run_scheduler(job: RolloutJob, client: Any, tokenizer: Any, store: Ep
                          extra: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from agentrl.chat.formats import resolve_chat_format
     from agentrl.metrics import LoopLagMonitor, tune_gc
     from agentrl.queue import TrajectoryQueue
-    from agentrl.rollout import EpisodeRunner, Scheduler
+    from agentrl.rollout import Scheduler
+    from agentrl.rollout.workers import open_runner
     from agentrl.store import StoreWriter
 
     cfg = job.config
-    async with StoreWriter(store) as writer:
-        runner = EpisodeRunner(client, tokenizer, cfg.rollout, checkpoint=writer.partial,
-                               chat=resolve_chat_format(tokenizer, cfg.model),
-                               **extra)  # fmt: skip
+    async with StoreWriter(store) as writer, contextlib.AsyncExitStack() as stack:
+        runner = await open_runner(stack, client, tokenizer, cfg.rollout, model=cfg.model,
+                                   imports=cfg.env.imports, checkpoint=writer.partial,
+                                   make=extra.get("make"))  # fmt: skip
         queue = TrajectoryQueue(max(job.episodes // cfg.rollout.group_size, 1))
         tune_gc()
         done = {"episodes": already}

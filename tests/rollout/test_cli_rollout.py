@@ -35,6 +35,33 @@ def test_rollout_writes_every_episode(tmp_path: Path, model_cache: Path) -> None
     assert "loop_lag_s/p99" in summary["metrics"]
 
 
+@pytest.mark.vllm
+def test_rollout_with_worker_processes(tmp_path: Path, model_cache: Path) -> None:
+    """`--workers 2`: the episodes run in two worker processes against the one real vLLM
+    engine of this process; every episode is stored once and the workers' counts arrive."""
+    from agentrl.store import EpisodeStore
+
+    env = {**os.environ, "AGENTRL_CACHE": str(model_cache)}
+    out = subprocess.run(
+        [*CLI, "agentrl/Calculator-v0", "--episodes", "16", "--group-size", "2",
+         "--max-tokens", "24", "--workers", "2", "--out", str(tmp_path / "run")],
+        capture_output=True, text=True, timeout=600, env=env,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "16 episodes of agentrl/Calculator-v0" in out.stdout.splitlines()[-1]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["episodes"] == 16
+    metrics = summary["metrics"]
+    assert metrics["episodes_started"] == 16  # counted in the workers, merged here
+    assert metrics["tokens_sampled"] == summary["tokens_sampled"] > 0
+    store = EpisodeStore.open(tmp_path / "run")
+    try:
+        assert store.audit()["ok"]
+        assert len({t.episode_id for t in store.all_trajectories()}) == 16
+    finally:
+        store.close()
+
+
 def test_rollout_refuses_bad_arguments_before_starting_vllm(tmp_path: Path) -> None:
     out = subprocess.run([*CLI, "agentrl/Calculator-v0", "--episodes", "7", "--group-size", "2"],
                          capture_output=True, text=True, timeout=120)  # fmt: skip

@@ -1,0 +1,287 @@
+"""Rollout worker processes (``rollout.workers > 1``): the same episodes, nothing lost.
+
+Real worker processes, real SQLite, the real scheduler and rollout controller; the
+engine is a scripted client in the main process (the worker <-> main seam is the one
+under test; `agentrl rollout` with workers against real vLLM is in test_cli_rollout.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+import signal
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import benchmarks.common  # noqa: F401  (registers bench/Echo-v0 here too)
+from agentrl.errors import ConfigError, InfraError
+from agentrl.inference.base import Generation, SamplingConfig
+from agentrl.metrics import Metrics
+from agentrl.queue import TrajectoryQueue
+from agentrl.rollout import EpisodeRunner, RolloutConfig, Scheduler, tasks_for
+from agentrl.rollout.controller import RolloutController
+from agentrl.rollout.workers import WorkerRunner, open_runner
+from agentrl.store import EpisodeStore, StoreWriter
+from agentrl.types import Trajectory
+
+IMPORTS = ["benchmarks.common"]  # registers bench/Echo-v0 (async, get_state/set_state)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model)
+
+
+class SlowClient:
+    """Answers each request after ``delay_s`` with ``max_tokens`` tokens; an abort ends it
+    at once with half of them (finish ``abort``). Records any request that arrives while
+    ``gate`` (set after construction) is closed."""
+
+    def __init__(self, tokenizer: Any, delay_s: float = 0.0) -> None:
+        self.token = tokenizer.encode(" hello")[0]
+        self.eot = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self.delay_s = delay_s
+        self.version = 0
+        self.gate: asyncio.Event | None = None
+        self.past_gate: list[str] = []
+        self.calls = 0
+        self._call_waiters: list[tuple[int, asyncio.Event]] = []
+        self._aborts: dict[str, asyncio.Event] = {}
+        self._results: dict[str, asyncio.Future[Generation]] = {}
+        self.requests = self
+
+    def ids(self) -> list[str]:
+        return list(self._aborts)
+
+    def __len__(self) -> int:
+        return len(self._aborts)
+
+    @property
+    def max_model_len(self) -> int:
+        return 4096
+
+    async def generate(self, prompt: Sequence[int], sampling: SamplingConfig,
+                       request_id: str) -> Generation:  # fmt: skip
+        if self.gate is not None and not self.gate.is_set():
+            self.past_gate.append(request_id)
+        self.calls += 1
+        for n, reached in self._call_waiters:
+            if self.calls >= n:
+                reached.set()
+        abort = self._aborts[request_id] = asyncio.Event()
+        done = self._results[request_id] = asyncio.get_running_loop().create_future()
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(abort.wait(), self.delay_s)
+            n = sampling.max_tokens
+            if abort.is_set():
+                ids: tuple[int, ...] = (self.token,) * max(1, n // 2)
+                finish = "abort"
+            else:
+                ids, finish = (self.token,) * (n - 1) + (self.eot,), "stop"
+            gen = Generation(request_id, ids, (-0.5,) * len(ids), finish, self.version,
+                             len(prompt))  # fmt: skip
+            done.set_result(gen)
+            return gen
+        finally:
+            self._aborts.pop(request_id, None)
+            self._results.pop(request_id, None)
+
+    async def wait_calls(self, n: int) -> None:
+        """Until ``n`` requests have arrived."""
+        reached = asyncio.Event()
+        self._call_waiters.append((n, reached))
+        await reached.wait()
+
+    async def abort(self, request_id: str) -> Generation | None:
+        abort, done = self._aborts.get(request_id), self._results.get(request_id)
+        if abort is None or done is None:
+            return None
+        abort.set()
+        return await done
+
+    async def reload_weights(self, weights_dir: str, version: int | None = None, *,
+                             keep_inflight: bool = False) -> int:  # fmt: skip
+        await asyncio.sleep(0.01)
+        self.version = self.version + 1 if version is None else version
+        return self.version
+
+
+async def _run(tokenizer: Any, client: Any, tmp: Path, workers: int, episodes: int,
+               turns: int, *, concurrency: int | None = None,
+               during: Any = None, resume: bool = False,
+               ) -> tuple[list[Trajectory], EpisodeStore, Any]:  # fmt: skip
+    rollout = RolloutConfig(max_turns=turns, max_tokens_per_turn=8, ignore_eos=True,
+                            workers=workers, group_size=1,
+                            concurrency=concurrency or episodes)  # fmt: skip
+    store = EpisodeStore.open(tmp)
+    queue = TrajectoryQueue(episodes + 1)
+    async with StoreWriter(store) as writer, contextlib.AsyncExitStack() as stack:
+        from agentrl.config import ModelConfig
+
+        runner = await open_runner(stack, client, tokenizer, rollout, model=ModelConfig(),
+                                   imports=IMPORTS, metrics=Metrics(),
+                                   checkpoint=writer.partial)  # fmt: skip
+        scheduler = Scheduler(runner, queue, rollout, writer=writer, resume=resume)
+        tasks = list(tasks_for("bench/Echo-v0", episodes, turns=turns))
+        if during is None:
+            await scheduler.run(tasks)
+        else:
+            async with asyncio.TaskGroup() as tg:
+                run = tg.create_task(scheduler.run(tasks))
+                await during(runner, writer, scheduler)
+                await run
+        await writer.flush()
+    trajectories = [t for g in queue._groups for t in g.trajectories]
+    return trajectories, store, runner
+
+
+def _key(trajectories: list[Trajectory]) -> dict[str, Any]:
+    return {t.episode_id: (t.token_ids.tolist(), t.loss_mask.tolist(), t.versions.tolist(),
+                           np.nan_to_num(t.logprobs, nan=9.0).tolist(), t.messages,
+                           t.turn_rewards, t.status)
+            for t in trajectories}  # fmt: skip
+
+
+async def test_workers_give_the_same_episodes_as_one_process(tokenizer: Any,
+                                                             tmp_path: Path) -> None:  # fmt: skip
+    one, store1, runner1 = await _run(tokenizer, SlowClient(tokenizer), tmp_path / "one", 1,
+                                      24, 3)  # fmt: skip
+    assert isinstance(runner1, EpisodeRunner)
+    two, store2, runner2 = await _run(tokenizer, SlowClient(tokenizer), tmp_path / "two", 2,
+                                      24, 3)  # fmt: skip
+    assert isinstance(runner2, WorkerRunner)
+    assert len(one) == len(two) == 24
+    assert _key(one) == _key(two)  # token for token, logprob for logprob
+    for store in (store1, store2):
+        report = store.audit()
+        assert report["ok"], report
+        assert sum(1 for _ in store.all_trajectories()) == 24
+        store.close()
+    # the workers' counts reach the main process's metrics
+    m = runner2.metrics.counters
+    assert m["episodes_started"] == 24 and m["episodes_finished"] == 24
+    assert m["tokens_sampled"] == 24 * 3 * 8
+
+
+async def test_a_weight_update_pauses_and_resumes_episodes_in_the_workers(
+    tokenizer: Any, tmp_path: Path
+) -> None:
+    client = SlowClient(tokenizer, delay_s=0.05)
+    stats: list[Any] = []
+
+    async def update(runner: WorkerRunner, writer: StoreWriter, _: Scheduler) -> None:
+        controller = RolloutController(runner, writer=writer)
+        client.gate = runner.admission
+        await client.wait_calls(20)  # episodes are in flight in both workers
+        stats.append(await controller.update_weights(weights_dir="/nowhere"))
+
+    trajectories, store, _ = await _run(tokenizer, client, tmp_path, 2, 16, 4, during=update)
+    (s,) = stats
+    assert s.version == 1 and s.requests_aborted > 0 and s.episodes_paused >= s.requests_aborted
+    assert s.tokens_reprefilled > 0
+    assert client.past_gate == []  # no request reached the engine during the update
+    assert len(trajectories) == 16
+    straddling = 0
+    for t in trajectories:
+        sampled = t.versions[t.loss_mask.astype(bool)].tolist()
+        assert sampled == sorted(sampled)  # old tokens first, then the new version's
+        assert int(t.loss_mask.sum()) == 4 * 8  # the aborted halves were kept, not resampled
+        straddling += len(set(sampled)) == 2
+    assert straddling >= s.requests_aborted  # the aborted turns continued under version 1
+    assert store.audit()["ok"]
+    assert [v["version"] for v in store.versions()] == [1]
+    store.close()
+
+
+async def test_drop_policy_reruns_stale_episodes_from_the_workers(
+    tokenizer: Any, tmp_path: Path
+) -> None:
+    client = SlowClient(tokenizer, delay_s=0.05)
+    stats: list[Any] = []
+
+    async def update(runner: WorkerRunner, writer: StoreWriter, _: Scheduler) -> None:
+        controller = RolloutController(runner, writer=writer, policy="drop", max_staleness=0)
+        await client.wait_calls(20)
+        stats.append(await controller.update_weights(weights_dir="/nowhere"))
+
+    trajectories, store, runner = await _run(tokenizer, client, tmp_path, 2, 16, 4,
+                                             during=update)  # fmt: skip
+    (s,) = stats
+    assert s.episodes_dropped > 0 and s.tokens_discarded > 0
+    assert runner.metrics.counters["episodes_dropped"] == s.episodes_dropped
+    assert len(trajectories) == 16
+    for t in trajectories:  # a dropped episode ran again, all of it under version 1
+        sampled = t.versions[t.loss_mask.astype(bool)].tolist()
+        assert int(t.loss_mask.sum()) == 4 * 8
+        if t.attempt > 0:
+            assert set(sampled) == {1}
+    assert sum(t.attempt > 0 for t in trajectories) == s.episodes_dropped
+    assert store.audit()["ok"]
+    store.close()
+
+
+async def test_a_dead_worker_stops_the_run_and_resume_finishes_it(
+    tokenizer: Any, tmp_path: Path
+) -> None:
+    client = SlowClient(tokenizer, delay_s=0.02)
+
+    async def kill(runner: WorkerRunner, _w: StoreWriter, _s: Scheduler) -> None:
+        await client.wait_calls(40)
+        os.kill(runner._workers[0].process.pid, signal.SIGKILL)
+
+    with pytest.raises(BaseExceptionGroup) as caught:
+        await _run(tokenizer, client, tmp_path, 2, 32, 4, concurrency=16, during=kill)
+    errors = [e for e in _leaves(caught.value) if isinstance(e, InfraError)]
+    assert errors and "rollout worker 0" in str(errors[0]) and "died" in str(errors[0])
+    store = EpisodeStore.open(tmp_path)
+    paused = [r["episode_id"] for r in store.episodes() if r["state"] == "paused"]
+    assert paused and all(store.partial(e) is not None for e in paused)  # checkpointed
+    store.close()
+    # --resume: the checkpointed episodes continue, the rest run; all 32 end once
+    _, store, runner = await _run(tokenizer, SlowClient(tokenizer), tmp_path, 2, 32, 4,
+                                  resume=True)  # fmt: skip
+    assert runner.metrics.counters["episodes_resumed"] == len(paused)  # from their prefixes
+    ended = {t.episode_id for t in store.all_trajectories()}
+    assert len(ended) == 32
+    report = store.audit()
+    assert report["ok"], report
+    store.close()
+
+
+def _leaves(e: BaseException) -> list[BaseException]:
+    if isinstance(e, BaseExceptionGroup):
+        return [x for sub in e.exceptions for x in _leaves(sub)]
+    return [e]
+
+
+async def test_workers_refuse_what_needs_one_process(tokenizer: Any) -> None:
+    from agentrl.config import ModelConfig
+
+    rollout = RolloutConfig(workers=2, group_size=1, concurrency=1)
+    client = SlowClient(tokenizer)
+    async with contextlib.AsyncExitStack() as stack:
+        with pytest.raises(ConfigError, match="env servers"):
+            await open_runner(stack, client, tokenizer, rollout, model=ModelConfig(),
+                              imports=(), make=lambda *a, **k: None)  # fmt: skip
+
+        class Tracing:
+            enabled = True
+
+        with pytest.raises(ConfigError, match=r"log\.trace"):
+            await open_runner(stack, client, tokenizer, rollout, model=ModelConfig(),
+                              imports=(), tracer=Tracing())  # fmt: skip
+    with pytest.raises(ConfigError, match=r"rollout\.workers"):
+        RolloutConfig(workers=0)
+    with pytest.raises(InfraError, match="exited with code"):  # an env module that fails
+        async with WorkerRunner(client, tokenizer, dataclasses.replace(rollout),
+                                imports=["agentrl_no_such_module"]):  # fmt: skip
+            pass
