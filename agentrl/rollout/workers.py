@@ -45,9 +45,11 @@ from typing import Any
 
 from agentrl.config import ModelConfig, RolloutConfig
 from agentrl.errors import ConfigError, ContextOverflowError, InfraError
+from agentrl.inference.base import Generation
 from agentrl.metrics import Metrics
 from agentrl.rollout.episode import EpisodeDropped, EpisodeProgress, EpisodeState
 from agentrl.rollout.runner import EpisodeRunner
+from agentrl.store.schema import PartialRow
 from agentrl.types import PartialEpisode, RequestId, Task, Trajectory
 
 logger = logging.getLogger(__name__)
@@ -56,6 +58,9 @@ START_TIMEOUT_S = 300.0
 """How long a worker may take to start (import, tokenizer, env modules)."""
 
 _HEADER = 8
+
+_GENERATION_FIELDS = tuple(f.name for f in dataclasses.fields(Generation))
+"""A generation crosses as ``(None, *these fields)``: cheaper than pickling the object."""
 
 
 class _Channel:
@@ -160,6 +165,7 @@ class _ProxyClient:
         self._version = version
         self._live = live
         self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._sampling: dict[Any, bytes] = {}
         self._ids = itertools.count()
         self.requests = InflightRequests()  # always empty: the main process's client aborts
 
@@ -177,7 +183,10 @@ class _ProxyClient:
         self._pending[n] = future
         progress = self._live.get(RequestId.parse(request_id).episode_id)
         turn = progress.turn if progress is not None else 0
-        self._channel.send(("gen", n, list(prompt_token_ids), sampling, request_id, turn))
+        blob = self._sampling.get(sampling)
+        if blob is None:  # a turn's parameters repeat: pickled once, read once (main side)
+            blob = self._sampling[sampling] = pickle.dumps(sampling)
+        self._channel.send(("gen", n, list(prompt_token_ids), blob, request_id, turn))
         try:
             return await future
         except asyncio.CancelledError:
@@ -192,10 +201,10 @@ class _ProxyClient:
         future = self._pending.get(n)
         if future is None or future.done():
             return
-        if isinstance(result, tuple):  # an error payload
+        if result[0] is None:  # a generation's fields
+            future.set_result(Generation(*result[1:]))
+        else:  # an error payload
             future.set_exception(_error(result, "the inference engine"))
-        else:
-            future.set_result(result)
 
     async def abort(self, request_id: str) -> None:  # the main process aborts
         return None
@@ -250,7 +259,7 @@ async def _serve(read_fd: int, write_fd: int) -> None:
     client = _ProxyClient(channel, spec.max_model_len, spec.version, live)
     runner = _WorkerEpisodeRunner(
         client, spec.tokenizer, spec.rollout, metrics=metrics, admission=gate,  # type: ignore[arg-type]
-        checkpoint=lambda p: channel.send(("partial", p)), chat=chat,
+        checkpoint=lambda p: channel.send(("partial", PartialRow.of(p))), chat=chat,
     )  # fmt: skip
     runner.live = live
     runner.channel = channel
@@ -371,7 +380,9 @@ class WorkerRunner:
         tokenizer: the model's tokenizer (pickled to each worker, chat template included).
         config: limits and sampling; ``config.workers`` processes are started.
         metrics: where counts and timings go (the workers' are merged in as episodes end).
-        checkpoint: called with each per-turn :class:`PartialEpisode` a worker sends.
+        checkpoint: called with each per-turn checkpoint a worker sends, encoded there
+            (a :class:`~agentrl.store.schema.PartialRow`, which ``StoreWriter.partial``
+            takes).
         model: the model config, for the chat format (None: detected from the tokenizer).
         imports: modules or .py files that register the envs (``env.imports``); the
             ``agentrl.envs`` plugins are loaded too.
@@ -409,6 +420,7 @@ class WorkerRunner:
         self._parked: dict[str, _Parked] = {}
         self._parked_changed = asyncio.Condition()
         self._owner: dict[str, int] = {}
+        self._sampling: dict[bytes, Any] = {}
         self._failed: BaseException | None = None
         self._closing = False
         self.admission: asyncio.Event = _Gate(self)
@@ -657,21 +669,25 @@ class WorkerRunner:
             else:
                 future.cancel()
 
-    async def _generate(self, worker: _Worker, n: int, prompt: list[int], sampling: Any,
+    async def _generate(self, worker: _Worker, n: int, prompt: list[int], sampling: bytes,
                         request_id: str, progress: EpisodeProgress | None) -> None:  # fmt: skip
         try:
             if not self.admission.is_set():  # sent before the worker saw the gate close
                 await self.admission.wait()
-            result: Any = await self.client.generate(prompt, sampling, request_id)
+            params = self._sampling.get(sampling)
+            if params is None:
+                params = self._sampling[sampling] = pickle.loads(sampling)
+            gen = await self.client.generate(prompt, params, request_id)
+            result: tuple[Any, ...] = (None, *(getattr(gen, f) for f in _GENERATION_FIELDS))
+            if progress is not None:
+                progress.add_tokens(gen.versions)
+                progress.set_phase("env")
         except asyncio.CancelledError:
             return  # the worker's episode was cancelled
-        except BaseException as e:
+        except BaseException as e:  # carried to the worker's episode
             result = _error_payload(e)
         finally:
             self._generations.pop((worker.index, n), None)
-        if progress is not None and not isinstance(result, tuple):
-            progress.add_tokens(result.versions)
-            progress.set_phase("env")
         worker.channel.send(("gen", n, result, self.client.version))
 
     def _merge(self, metrics: tuple[dict[str, float], dict[str, float],

@@ -26,6 +26,7 @@ from agentrl.store.schema import (
     ARRAY_DTYPES,
     RUN_ORIGIN,
     STORE_FILE,
+    PartialRow,
     connect,
     dump_json,
     encode_array,
@@ -193,20 +194,21 @@ class EpisodeStore:
                 (episode_id, attempt, task.task_id, task.env_id, version, time.time()),
             )
 
-    def save_partials(self, partials: Sequence[PartialEpisode]) -> None:
-        """Checkpoint unfinished episodes, all in one transaction (replacing older ones)."""
+    def save_partials(self, partials: Sequence[PartialEpisode | PartialRow]) -> None:
+        """Checkpoint unfinished episodes, all in one transaction (replacing older ones).
+
+        Each is a :class:`PartialEpisode` or the same already encoded (:class:`PartialRow`).
+        """
         if not partials:
             return
         now = time.time()
         with self._tx() as db:
             for p in partials:
-                arrays = p.concatenated()
+                row = p if isinstance(p, PartialRow) else PartialRow.of(p)
                 db.execute(
                     "INSERT OR REPLACE INTO partials (episode_id, attempt, version, written_at, "
                     "token_ids, logprobs, versions, loss_mask, meta) VALUES (?,?,?,?,?,?,?,?,?)",
-                    (p.episode_id, p.attempt, p.version, now,
-                     *(encode_array(arrays[k], d) for k, d in ARRAY_DTYPES.items()),
-                     dump_json(p.meta())),
+                    (row.episode_id, row.attempt, row.version, now, *row.columns),
                 )  # fmt: skip
                 db.execute(
                     "UPDATE episodes SET state = 'paused', updated_at = ? "

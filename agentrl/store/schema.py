@@ -14,6 +14,7 @@ It does not read or write rows itself; :class:`~agentrl.store.EpisodeStore` does
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
 from pathlib import Path
@@ -209,6 +210,27 @@ def decode_array(data: bytes, dtype: str) -> np.ndarray:
 def dump_json(value: Any) -> str:
     """Compact JSON; NaN and infinity are refused (they are not JSON)."""
     return json.dumps(value, separators=(",", ":"), allow_nan=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class PartialRow:
+    """A checkpoint already encoded as its ``partials`` row (the arrays as bytes, the rest
+    as JSON): what a rollout worker process sends, so the process that writes the store
+    only executes the INSERT. :meth:`EpisodeStore.save_partials` takes it as it takes a
+    :class:`~agentrl.types.PartialEpisode`."""
+
+    episode_id: str
+    attempt: int
+    version: int
+    columns: tuple[bytes, bytes, bytes, bytes, str]
+    """token_ids, logprobs, versions, loss_mask (see ARRAY_DTYPES), then the meta JSON."""
+
+    @classmethod
+    def of(cls, p: PartialEpisode) -> PartialRow:
+        arrays = p.concatenated()
+        columns = (*(encode_array(arrays[k], d) for k, d in ARRAY_DTYPES.items()),
+                   dump_json(p.meta()))  # fmt: skip
+        return cls(p.episode_id, p.attempt, p.version, columns)  # type: ignore[arg-type]
 
 
 def trajectory_meta(t: Trajectory) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from typing import Any
 
 from agentrl import faults
 from agentrl.store.episodes import EpisodeStore
+from agentrl.store.schema import PartialRow
 from agentrl.types import Group, PartialEpisode, Task, Trajectory
 
 logger = logging.getLogger(__name__)
@@ -84,7 +85,7 @@ class StoreWriter:
     def started(self, episode_id: str, task: Task, attempt: int, version: int) -> None:
         self._submit("started", (episode_id, task, attempt, version))
 
-    def partial(self, partial: PartialEpisode) -> None:
+    def partial(self, partial: PartialEpisode | PartialRow) -> None:
         self._raise_failure()
         at = self._partial_at.get(partial.episode_id)
         if at is None or at < self._writing:  # none pending, or it is being committed now
