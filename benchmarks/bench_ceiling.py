@@ -1,7 +1,7 @@
 """The rollout loop's own ceiling: turns/s with an engine that answers instantly.
 
     python benchmarks/bench_ceiling.py [--cases 1024x3x32,256x3x256] [--rounds 3]
-                                       [--compare REV] [--no-profile]
+                                       [--workers 2] [--compare REV] [--no-profile]
 
 No model runs: :class:`InstantClient` implements the
 :class:`~agentrl.inference.base.InferenceClient` protocol and answers every request at
@@ -12,10 +12,14 @@ all episodes of a case at once, with the ``StoreWriter`` (real SQLite in a tempo
 directory) and without it. So the figures are the most turns per second agentrl can
 feed from one event loop: a GPU fleet faster than this waits on agentrl.
 
-A case ``ExTxL`` is E episodes of T turns of L sampled tokens. Reported per case: turns/s,
-sampled tokens/s, CPU per turn (this process's CPU time, every thread, over the turns)
-and the event-loop lag p99 (:class:`~agentrl.metrics.LoopLagMonitor`), the median of
-``--rounds`` rounds. Then one more run with the store, under cProfile (every thread,
+A case ``ExTxL`` is E episodes of T turns of L sampled tokens. Each case runs without the
+store, with it, and with it through ``--workers`` rollout worker processes
+(:mod:`agentrl.rollout.workers`: the episodes on N event loops, the engine, scheduler
+and store in this one). Reported per case: turns/s, sampled tokens/s, CPU per turn (every
+thread of this process, plus the workers' CPU from their start to their stop, over the
+turns), this process's part of it, and this process's event-loop lag p99
+(:class:`~agentrl.metrics.LoopLagMonitor`), the median of ``--rounds`` rounds. Then one
+more run with the store, under cProfile (every thread,
 CPU time), splits the CPU per turn into stages by which function the time was spent
 under (:data:`STAGES`; what is left is runner bookkeeping: the runner, scheduler,
 asyncio, the env). The profile's shares are applied to the unprofiled CPU per turn, so
@@ -141,7 +145,11 @@ def parse_case(text: str) -> tuple[int, int, int]:
 
 
 async def one_run(tokenizer: Any, case: tuple[int, int, int], store: bool,
-                  tmp: Path) -> dict[str, Any]:  # fmt: skip
+                  tmp: Path, workers: int = 1) -> dict[str, Any] | None:  # fmt: skip
+    """One case; with ``workers`` > 1 through that many rollout worker processes (None on
+    a tree without them)."""
+    import dataclasses
+
     from agentrl.metrics import LoopLagMonitor, Metrics
     from agentrl.queue import TrajectoryQueue
     from agentrl.rollout import EpisodeRunner, RolloutConfig, Scheduler, tasks_for
@@ -156,8 +164,20 @@ async def one_run(tokenizer: Any, case: tuple[int, int, int], store: bool,
     db = EpisodeStore.open(tmp) if store else None
     async with contextlib.AsyncExitStack() as stack:
         writer = await stack.enter_async_context(StoreWriter(db)) if db is not None else None
-        runner = EpisodeRunner(client, tokenizer, rollout, metrics=metrics,
-                               checkpoint=writer.partial if writer else None)  # fmt: skip
+        checkpoint = writer.partial if writer else None
+        if workers > 1:
+            try:
+                from agentrl.rollout.workers import WorkerRunner
+            except ImportError:  # an older tree (--compare)
+                return None
+            rollout = dataclasses.replace(rollout, workers=workers)
+            runner: Any = await stack.enter_async_context(
+                WorkerRunner(client, tokenizer, rollout, metrics=metrics, checkpoint=checkpoint,
+                             imports=["benchmarks.common"])
+            )  # fmt: skip
+        else:
+            runner = EpisodeRunner(client, tokenizer, rollout, metrics=metrics,
+                                   checkpoint=checkpoint)  # fmt: skip
         scheduler = Scheduler(runner, queue, RolloutConfig(concurrency=episodes, group_size=1),
                               writer=writer)  # fmt: skip
         tasks = list(tasks_for("bench/Echo-v0", episodes, turns=turns))
@@ -166,7 +186,10 @@ async def one_run(tokenizer: Any, case: tuple[int, int, int], store: bool,
             await scheduler.run(tasks)
             if writer is not None:
                 await writer.flush()
-        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        wall, main_cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        if workers > 1:
+            await runner.close()
+    cpu = main_cpu + (runner.worker_cpu_s if workers > 1 else 0.0)
     trajectories = [t for g in queue._groups for t in g.trajectories]
     sampled = sum(int(t.loss_mask.sum()) for t in trajectories)
     if sampled != episodes * turns * tokens:
@@ -179,6 +202,7 @@ async def one_run(tokenizer: Any, case: tuple[int, int, int], store: bool,
     n_turns = episodes * turns
     return {"turns_per_s": n_turns / wall, "tokens_per_s": sampled / wall, "wall_s": wall,
             "cpu_us_per_turn": cpu / n_turns * 1e6,
+            "main_cpu_us_per_turn": main_cpu / n_turns * 1e6,
             "loop_lag_p99_ms": metrics.percentile("loop_lag_s", 99) * 1000}  # fmt: skip
 
 
@@ -270,6 +294,10 @@ async def worker(args: argparse.Namespace) -> dict[str, Any]:
             for store in (False, True):
                 row = await one_run(tokenizer, case, store, Path(tmp) / f"{i}-{store}")
                 out["runs"][f"{text}/{'store' if store else 'no store'}"] = row
+            for n in args.workers:
+                row = await one_run(tokenizer, case, True, Path(tmp) / f"{i}-w{n}", n)
+                if row is not None:
+                    out["runs"][f"{text}/store, {n} workers"] = row
             if args.profile:
                 with profiled() as profiles:
                     await one_run(tokenizer, case, True, Path(tmp) / f"{i}-profiled")
@@ -284,7 +312,8 @@ def run_worker(tree: Path, args: argparse.Namespace, profile: bool) -> dict[str,
     """One round in a fresh process importing ``agentrl`` from ``tree``."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), str(ROOT)])}
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--model", args.model,
-           "--cases", ",".join(args.cases)] + ([] if profile else ["--no-profile"])  # fmt: skip
+           "--cases", ",".join(args.cases), "--workers", ",".join(map(str, args.workers))
+           ] + ([] if profile else ["--no-profile"])  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=1800)
     if proc.returncode != 0:
         raise RuntimeError(f"the bench worker for {tree} failed:\n{proc.stderr[-3000:]}")
@@ -329,15 +358,21 @@ def markdown(result: dict[str, Any], args: argparse.Namespace) -> str:
     from benchmarks.common import table
 
     names = list(result)
-    md = "### Rollout loop ceiling (instant engine, `bench/Echo-v0`, one event loop)\n\n"
+    md = ("### Rollout loop ceiling (instant engine, `bench/Echo-v0`; one event loop, and "
+          "through rollout worker processes)\n\n")  # fmt: skip
     rows = []
-    for key in result[names[0]]["runs"]:
+    keys = list(dict.fromkeys(k for name in names for k in result[name]["runs"]))
+    for key in keys:
         for name in names:
-            r = result[name]["runs"][key]
+            r = result[name]["runs"].get(key)
+            if r is None:
+                continue
+            main = r.get("main_cpu_us_per_turn", r["cpu_us_per_turn"])
             rows.append([name, *key.split("/"), r["turns_per_s"], r["tokens_per_s"],
-                         r["cpu_us_per_turn"], r["loop_lag_p99_ms"]])  # fmt: skip
+                         r["cpu_us_per_turn"], main, r["loop_lag_p99_ms"]])  # fmt: skip
     md += table(["tree", "episodes x turns x tokens", "store", "turns/s", "tokens/s",
-                 "CPU us/turn", "loop lag p99 (ms)"], rows)  # fmt: skip
+                 "CPU us/turn (all processes)", "main process CPU us/turn",
+                 "main loop lag p99 (ms)"], rows)  # fmt: skip
     stage_names = [s for s, _ in STAGES] + ["runner bookkeeping"]
     rows = []
     for case in args.cases:
@@ -368,11 +403,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--cases", default="1024x3x32,256x3x256",
                         help="EPISODESxTURNSxTOKENS, comma-separated")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--workers", default="2",
+                        help="also run each case with the store through this many rollout "
+                        "worker processes (comma-separated; '' for none)")  # fmt: skip
     parser.add_argument("--compare", metavar="REV", help="also measure git revision REV")
     parser.add_argument("--no-profile", dest="profile", action="store_false")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.cases = [c.strip() for c in str(args.cases).split(",") if c.strip()]
+    try:
+        args.workers = [int(w) for w in str(args.workers).split(",") if w.strip()]
+    except ValueError:
+        raise SystemExit(f"--workers {args.workers!r}: give counts, e.g. 2 or 2,4") from None
+    if any(w < 2 for w in args.workers):
+        raise SystemExit(f"--workers {args.workers}: each count must be >= 2 (1 is the plain run)")
     for case in args.cases:
         parse_case(case)
     if args.worker:

@@ -40,6 +40,7 @@ import logging
 import os
 import pickle
 import sys
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -50,6 +51,7 @@ from agentrl.metrics import Metrics
 from agentrl.rollout.episode import EpisodeDropped, EpisodeProgress, EpisodeState
 from agentrl.rollout.runner import EpisodeRunner
 from agentrl.store.schema import PartialRow
+from agentrl.trace import ROLLOUT, EpisodeTrace
 from agentrl.types import PartialEpisode, RequestId, Task, Trajectory
 
 logger = logging.getLogger(__name__)
@@ -278,7 +280,7 @@ async def _serve(read_fd: int, write_fd: int) -> None:
             tasks.pop(key, None)
         channel.send(("done", key, result, _drain_metrics(metrics)))
 
-    channel.send(("ready", os.getpid()))
+    channel.send(("ready", os.getpid(), time.process_time()))
     try:
         while True:
             try:
@@ -318,6 +320,7 @@ async def _serve(read_fd: int, write_fd: int) -> None:
             task.cancel()
         await asyncio.gather(*tasks.values(), return_exceptions=True)
         runner._render_pool.shutdown(wait=False)
+        channel.send(("stopped", time.process_time()))
         with contextlib.suppress(Exception):
             await channel.writer.drain()
         channel.close()
@@ -367,6 +370,9 @@ class _Worker:
     running: dict[int, str] = dataclasses.field(default_factory=dict)
     """Episode ids by dispatch key."""
     reader: asyncio.Task[None] | None = None
+    cpu_s: float = 0.0
+    """CPU seconds the worker spent between ready and stopped (while it runs: minus the
+    reading at ready)."""
 
 
 class WorkerRunner:
@@ -386,6 +392,9 @@ class WorkerRunner:
         model: the model config, for the chat format (None: detected from the tokenizer).
         imports: modules or .py files that register the envs (``env.imports``); the
             ``agentrl.envs`` plugins are loaded too.
+        tracer: where each episode's phases go, as this process sees them: ``engine``
+            while a generation runs, ``paused`` while parked for a weight update, and
+            ``env`` between generations (the worker's env, tool and template work).
     """
 
     def __init__(
@@ -398,6 +407,7 @@ class WorkerRunner:
         checkpoint: Callable[[PartialEpisode], Any] | None = None,
         model: ModelConfig | None = None,
         imports: Sequence[str] = (),
+        tracer: Any = None,
     ) -> None:
         if config.workers < 2:
             raise ConfigError(
@@ -411,7 +421,7 @@ class WorkerRunner:
         self.checkpoint = checkpoint
         self.model = model
         self.imports = tuple(imports)
-        self.tracer = None
+        self.tracer = tracer
         self.live: dict[str, EpisodeProgress] = {}
         self._workers: list[_Worker] = []
         self._keys = itertools.count()
@@ -423,6 +433,8 @@ class WorkerRunner:
         self._sampling: dict[bytes, Any] = {}
         self._failed: BaseException | None = None
         self._closing = False
+        self.worker_cpu_s = 0.0
+        """After :meth:`close`: the CPU seconds the workers spent after they started."""
         self.admission: asyncio.Event = _Gate(self)
         self.admission.set()
 
@@ -475,6 +487,7 @@ class WorkerRunner:
                 f"rollout worker {index} did not start within {START_TIMEOUT_S:.0f} s"
             ) from None
         assert message[0] == "ready", message
+        worker.cpu_s = -message[2]
         worker.reader = asyncio.create_task(self._read(worker), name=f"rollout-worker-{index}")
 
     async def close(self) -> None:
@@ -491,13 +504,13 @@ class WorkerRunner:
                 with contextlib.suppress(ProcessLookupError):
                     w.process.kill()
                 await w.process.wait()
-            if w.reader is not None:
-                w.reader.cancel()
+            if w.reader is not None:  # it reads what is left, up to the end of the pipe
                 with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await w.reader
+                    await asyncio.wait_for(w.reader, 5)
             w.channel.close()
         for task in self._generations.values():
             task.cancel()
+        self.worker_cpu_s += sum(w.cpu_s for w in self._workers)
         self._workers = []
 
     # -- what the scheduler calls
@@ -528,7 +541,11 @@ class WorkerRunner:
         self._results[key] = future
         worker.running[key] = episode_id
         self._owner[episode_id] = worker.index
-        self.live[episode_id] = EpisodeProgress(episode_id, env_id, started_version=version)
+        progress = self.live[episode_id] = EpisodeProgress(episode_id, env_id,
+                                                           started_version=version)  # fmt: skip
+        if self.tracer is not None and self.tracer.enabled:
+            progress.trace = EpisodeTrace(self.tracer, episode_id, ROLLOUT)
+            progress.set_phase(progress.phase)
         worker.channel.send((what[0], key, *what[1:]))
         try:
             return await future
@@ -540,6 +557,8 @@ class WorkerRunner:
             self._results.pop(key, None)
             worker.running.pop(key, None)
             self._owner.pop(episode_id, None)
+            if progress.trace is not None:
+                progress.trace.end()
             self.live.pop(episode_id, None)
             self._parked.pop(episode_id, None)
             await self._notify_parked()
@@ -643,6 +662,8 @@ class WorkerRunner:
             task = self._generations.pop((worker.index, message[1]), None)
             if task is not None:
                 task.cancel()
+        elif what == "stopped":
+            worker.cpu_s += message[1]
         elif what == "partial":
             if self.checkpoint is not None:
                 self.checkpoint(message[1])
@@ -716,8 +737,7 @@ async def open_runner(
     started :class:`WorkerRunner` (closed by ``stack``).
 
     Raises:
-        ConfigError: ``rollout.workers > 1`` with what needs the episodes in this process:
-            envs on env servers (``env.url``) or the trace (``log.trace``).
+        ConfigError: ``rollout.workers > 1`` with envs on env servers (``env.url``).
     """
     from agentrl.chat.formats import resolve_chat_format
 
@@ -731,13 +751,8 @@ async def open_runner(
             f"rollout.workers = {config.workers} with envs on env servers (env.url/urls): the "
             "env servers already run the envs in their own processes; set rollout.workers = 1"
         )
-    if tracer is not None and getattr(tracer, "enabled", False):
-        raise ConfigError(
-            f"rollout.workers = {config.workers} with log.trace = true: episodes are traced "
-            "in the process that runs them; set rollout.workers = 1 to record a trace"
-        )
     runner = WorkerRunner(client, tokenizer, config, metrics=metrics, checkpoint=checkpoint,
-                          model=model, imports=imports)  # fmt: skip
+                          model=model, imports=imports, tracer=tracer)  # fmt: skip
     return await stack.enter_async_context(runner)
 
 

@@ -273,12 +273,6 @@ async def test_workers_refuse_what_needs_one_process(tokenizer: Any) -> None:
             await open_runner(stack, client, tokenizer, rollout, model=ModelConfig(),
                               imports=(), make=lambda *a, **k: None)  # fmt: skip
 
-        class Tracing:
-            enabled = True
-
-        with pytest.raises(ConfigError, match=r"log\.trace"):
-            await open_runner(stack, client, tokenizer, rollout, model=ModelConfig(),
-                              imports=(), tracer=Tracing())  # fmt: skip
     with pytest.raises(ConfigError, match=r"rollout\.workers"):
         RolloutConfig(workers=0)
     with pytest.raises(InfraError, match="exited with code"):  # an env module that fails

@@ -161,3 +161,53 @@ def test_train_cli_run_dir_top_and_resume(
         assert store.last_step() == 6
         assert store.integrity_check() == "ok"
         assert len([r for r in store.runs() if r["kind"] == "train"]) == 2
+
+
+WORKERS_CONFIG = """
+[run]
+name = "calculator-workers"
+[env]
+id = "agentrl/Calculator-v0"
+[rollout]
+group_size = 4
+concurrency = 32
+max_turns = 3
+max_tokens_per_turn = 24
+max_staleness = 2
+workers = 2
+[train]
+steps = 3
+groups_per_step = 4
+[eval]
+episodes = 0
+[log]
+progress = "plain"
+"""
+
+
+@pytest.mark.vllm
+def test_train_with_rollout_worker_processes(tmp_path: Path, model_cache: Path) -> None:
+    """`rollout.workers = 2`: the episodes run in two worker processes, the engine, trainer
+    and store in the main one; every step trains, each task once, and the trace still
+    shows each episode's generations."""
+    run_dir = tmp_path / "run"
+    config = tmp_path / "workers.toml"
+    config.write_text(WORKERS_CONFIG)
+    env = {**os.environ, "AGENTRL_CACHE": str(model_cache)}
+    proc = subprocess.run([AGENTRL, "train", str(config), f'--run.out="{run_dir}"'], env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("step ")] == [
+        "1/3", "2/3", "3/3"]  # fmt: skip
+    rows = read_metrics(run_dir, "train")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert rows[-1]["tokens_per_s"] > 0 and "in_flight" in rows[-1]
+    with EpisodeStore.open(run_dir, create=False) as store:
+        audit = store.audit()
+        assert audit["ok"], audit
+        assert audit["trained_tasks"] == 3 * 4
+        assert [v["version"] for v in store.versions()] == [1, 2, 3]
+    trace = json.loads((run_dir / "trace.json").read_text())
+    engine = [e for e in trace if e.get("ph") == "X" and e["cat"] == "episode"
+              and e["name"] == "engine"]  # fmt: skip
+    assert engine, "no episode generation spans in the trace"
