@@ -55,13 +55,15 @@ class Metrics:
 class LoopLagMonitor:
     """Sleeps ``interval_s`` again and again and records how late each wake-up was.
 
-    The lag lands in ``metrics`` as samples of ``loop_lag_s``; p99 above a few tens of
-    milliseconds means something blocks the event loop.
+    The lag lands in ``metrics`` as samples of ``name`` (``loop_lag_s``); p99 above a
+    few tens of milliseconds means something blocks the event loop.
     """
 
-    def __init__(self, metrics: Metrics, interval_s: float = 0.02) -> None:
+    def __init__(self, metrics: Metrics, interval_s: float = 0.02,
+                 name: str = "loop_lag_s") -> None:  # fmt: skip
         self.metrics = metrics
         self.interval_s = interval_s
+        self.name = name
         self._task: asyncio.Task[None] | None = None
 
     async def _run(self) -> None:
@@ -69,7 +71,7 @@ class LoopLagMonitor:
             start = time.perf_counter()
             await asyncio.sleep(self.interval_s)
             lag = time.perf_counter() - start - self.interval_s
-            self.metrics.observe("loop_lag_s", max(0.0, lag))
+            self.metrics.observe(self.name, max(0.0, lag))
 
     def start(self) -> LoopLagMonitor:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="loop-lag")

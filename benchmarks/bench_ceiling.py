@@ -203,7 +203,9 @@ async def one_run(tokenizer: Any, case: tuple[int, int, int], store: bool,
     return {"turns_per_s": n_turns / wall, "tokens_per_s": sampled / wall, "wall_s": wall,
             "cpu_us_per_turn": cpu / n_turns * 1e6,
             "main_cpu_us_per_turn": main_cpu / n_turns * 1e6,
-            "loop_lag_p99_ms": metrics.percentile("loop_lag_s", 99) * 1000}  # fmt: skip
+            "loop_lag_p99_ms": metrics.percentile("loop_lag_s", 99) * 1000,
+            "worker_loop_lag_p99_ms": metrics.percentile("worker_loop_lag_s", 99) * 1000
+            if workers > 1 else None}  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -349,7 +351,10 @@ def measure(args: argparse.Namespace, trees: dict[str, Path]) -> dict[str, Any]:
         medians = {}
         for key in results[0]["runs"]:
             rows = [res["runs"][key] for res in results]
-            medians[key] = {m: statistics.median(row[m] for row in rows) for m in rows[0]}
+            medians[key] = {}
+            for m in rows[0]:
+                values = [row[m] for row in rows if row.get(m) is not None]
+                medians[key][m] = statistics.median(values) if values else None
         out[name] = {"runs": medians, "stages": results[0]["stages"]}
     return out
 
@@ -368,11 +373,13 @@ def markdown(result: dict[str, Any], args: argparse.Namespace) -> str:
             if r is None:
                 continue
             main = r.get("main_cpu_us_per_turn", r["cpu_us_per_turn"])
+            worker_lag = r.get("worker_loop_lag_p99_ms")
             rows.append([name, *key.split("/"), r["turns_per_s"], r["tokens_per_s"],
-                         r["cpu_us_per_turn"], main, r["loop_lag_p99_ms"]])  # fmt: skip
+                         r["cpu_us_per_turn"], main, r["loop_lag_p99_ms"],
+                         "" if worker_lag is None else worker_lag])  # fmt: skip
     md += table(["tree", "episodes x turns x tokens", "store", "turns/s", "tokens/s",
                  "CPU us/turn (all processes)", "main process CPU us/turn",
-                 "main loop lag p99 (ms)"], rows)  # fmt: skip
+                 "main loop lag p99 (ms)", "workers' loop lag p99 (ms)"], rows)  # fmt: skip
     stage_names = [s for s, _ in STAGES] + ["runner bookkeeping"]
     rows = []
     for case in args.cases:

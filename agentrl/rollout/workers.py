@@ -47,7 +47,7 @@ from typing import Any
 from agentrl.config import ModelConfig, RolloutConfig
 from agentrl.errors import ConfigError, ContextOverflowError, InfraError
 from agentrl.inference.base import Generation
-from agentrl.metrics import Metrics
+from agentrl.metrics import LoopLagMonitor, Metrics, tune_gc
 from agentrl.rollout.episode import EpisodeDropped, EpisodeProgress, EpisodeState
 from agentrl.rollout.runner import EpisodeRunner
 from agentrl.store.schema import PartialRow
@@ -60,6 +60,10 @@ START_TIMEOUT_S = 300.0
 """How long a worker may take to start (import, tokenizer, env modules)."""
 
 _HEADER = 8
+
+WORKER_LAG = "worker_loop_lag_s"
+"""The workers' event-loop lag samples, merged into the main process's metrics (its own
+loop's stay ``loop_lag_s``)."""
 
 _GENERATION_FIELDS = tuple(f.name for f in dataclasses.fields(Generation))
 """A generation crosses as ``(None, *these fields)``: cheaper than pickling the object."""
@@ -221,6 +225,21 @@ class _WorkerEpisodeRunner(EpisodeRunner):
     channel: _Channel
     epoch: int = 0
 
+    async def _build(self, task: Task) -> Any:
+        import gymnasium as gym
+
+        from agentrl.env import load_env_plugins
+
+        if task.env_id not in gym.registry:
+            load_env_plugins()
+        if task.env_id not in gym.registry:  # every episode would fail the same way
+            raise InfraError(
+                f"env {task.env_id!r} is not registered in the rollout worker processes: "
+                "register it in a module listed in env.imports (or an agentrl.envs plugin) "
+                "rather than only in the launching script, or set rollout.workers = 1"
+            )
+        return await super()._build(task)
+
     async def _park(self, ep: EpisodeState) -> None:
         try:
             snapshot: PartialEpisode | None = self._snapshot(ep)
@@ -280,7 +299,9 @@ async def _serve(read_fd: int, write_fd: int) -> None:
             tasks.pop(key, None)
         channel.send(("done", key, result, _drain_metrics(metrics)))
 
+    tune_gc()  # as the main process does once started: fewer, cheaper collections
     channel.send(("ready", os.getpid(), time.process_time()))
+    lag = LoopLagMonitor(metrics, name=WORKER_LAG).start()
     try:
         while True:
             try:
@@ -316,6 +337,7 @@ async def _serve(read_fd: int, write_fd: int) -> None:
             elif what == "stop":
                 break
     finally:
+        await lag.stop()
         for task in list(tasks.values()):
             task.cancel()
         await asyncio.gather(*tasks.values(), return_exceptions=True)
@@ -328,8 +350,16 @@ async def _serve(read_fd: int, write_fd: int) -> None:
 
 def _worker_main(argv: list[str]) -> None:
     read_fd, write_fd = int(argv[0]), int(argv[1])
-    logging.basicConfig(level=logging.WARNING, format="rollout worker: %(levelname)s %(message)s")
+    # agentrl's warnings (an env that does not replay, ...) and everyone's errors
+    logging.basicConfig(level=logging.ERROR, format="rollout worker: %(levelname)s %(message)s")
+    logging.getLogger("agentrl").setLevel(logging.WARNING)
     asyncio.run(_serve(read_fd, write_fd))
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    # No interpreter teardown: triton (imported with vLLM's parsers) prints hundreds of
+    # "nanobind: leaked ..." lines there, into the terminal of the run.
+    os._exit(0)
 
 
 # -- the main process --------------------------------------------------------------------
@@ -462,6 +492,7 @@ class WorkerRunner:
             process = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "agentrl.rollout.workers", str(down_r), str(up_w),
                 pass_fds=(down_r, up_w), stdin=asyncio.subprocess.DEVNULL,
+                start_new_session=True,  # Ctrl-C reaches this process, which stops them
             )  # fmt: skip
         finally:
             os.close(down_r)

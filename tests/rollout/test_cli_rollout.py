@@ -49,6 +49,7 @@ def test_rollout_with_worker_processes(tmp_path: Path, model_cache: Path) -> Non
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     assert "16 episodes of agentrl/Calculator-v0" in out.stdout.splitlines()[-1]
+    assert "leaked" not in out.stderr, "teardown noise from a worker process"
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["episodes"] == 16
     metrics = summary["metrics"]

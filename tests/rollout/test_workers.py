@@ -117,7 +117,7 @@ class SlowClient:
 
 async def _run(tokenizer: Any, client: Any, tmp: Path, workers: int, episodes: int,
                turns: int, *, concurrency: int | None = None,
-               during: Any = None, resume: bool = False,
+               during: Any = None, resume: bool = False, imports: list[str] = IMPORTS,
                ) -> tuple[list[Trajectory], EpisodeStore, Any]:  # fmt: skip
     rollout = RolloutConfig(max_turns=turns, max_tokens_per_turn=8, ignore_eos=True,
                             workers=workers, group_size=1,
@@ -128,7 +128,7 @@ async def _run(tokenizer: Any, client: Any, tmp: Path, workers: int, episodes: i
         from agentrl.config import ModelConfig
 
         runner = await open_runner(stack, client, tokenizer, rollout, model=ModelConfig(),
-                                   imports=IMPORTS, metrics=Metrics(),
+                                   imports=imports, metrics=Metrics(),
                                    checkpoint=writer.partial)  # fmt: skip
         scheduler = Scheduler(runner, queue, rollout, writer=writer, resume=resume)
         tasks = list(tasks_for("bench/Echo-v0", episodes, turns=turns))
@@ -263,7 +263,7 @@ def _leaves(e: BaseException) -> list[BaseException]:
     return [e]
 
 
-async def test_workers_refuse_what_needs_one_process(tokenizer: Any) -> None:
+async def test_workers_refuse_what_they_cannot_run(tokenizer: Any, tmp_path: Path) -> None:
     from agentrl.config import ModelConfig
 
     rollout = RolloutConfig(workers=2, group_size=1, concurrency=1)
@@ -275,6 +275,10 @@ async def test_workers_refuse_what_needs_one_process(tokenizer: Any) -> None:
 
     with pytest.raises(ConfigError, match=r"rollout\.workers"):
         RolloutConfig(workers=0)
+    with pytest.raises(BaseExceptionGroup) as caught:  # an env the workers do not know
+        await _run(tokenizer, client, tmp_path, 2, 2, 1, imports=[])
+    for error in _leaves(caught.value):
+        assert isinstance(error, InfraError) and "env.imports" in str(error), error
     with pytest.raises(InfraError, match="exited with code"):  # an env module that fails
         async with WorkerRunner(client, tokenizer, dataclasses.replace(rollout),
                                 imports=["agentrl_no_such_module"]):  # fmt: skip
