@@ -165,7 +165,15 @@ async def test_workers_give_the_same_episodes_as_one_process(tokenizer: Any,
         report = store.audit()
         assert report["ok"], report
         assert sum(1 for _ in store.all_trajectories()) == 24
-        store.close()
+    # `agentrl replay --verify` reads a workers' episode as it reads any other
+    from agentrl.replay.episodes import load, verify
+
+    for episode_id in sorted(_key(two))[:3]:
+        recorded = load(store2, episode_id)
+        result = await asyncio.to_thread(verify, recorded)  # a sync call, as the CLI makes it
+        assert len(recorded.env_log) == 4 and result.difference is None, result
+    store1.close()
+    store2.close()
     # the workers' counts reach the main process's metrics
     m = runner2.metrics.counters
     assert m["episodes_started"] == 24 and m["episodes_finished"] == 24
