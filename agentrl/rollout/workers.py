@@ -189,10 +189,12 @@ class _ProxyClient:
         self._pending[n] = future
         progress = self._live.get(RequestId.parse(request_id).episode_id)
         turn = progress.turn if progress is not None else 0
+        tool_calls = progress.tool_calls if progress is not None else 0
         blob = self._sampling.get(sampling)
         if blob is None:  # a turn's parameters repeat: pickled once, read once (main side)
             blob = self._sampling[sampling] = pickle.dumps(sampling)
-        self._channel.send(("gen", n, list(prompt_token_ids), blob, request_id, turn))
+        self._channel.send(("gen", n, list(prompt_token_ids), blob, request_id, turn,
+                            tool_calls))  # fmt: skip
         try:
             return await future
         except asyncio.CancelledError:
@@ -202,8 +204,12 @@ class _ProxyClient:
         finally:
             self._pending.pop(n, None)
 
-    def answered(self, n: int, result: Any, version: int) -> None:
+    def saw(self, version: int) -> None:
+        """The main process's engine is at ``version`` (it only goes up)."""
         self._version = max(self._version, version)
+
+    def answered(self, n: int, result: Any, version: int) -> None:
+        self.saw(version)
         future = self._pending.get(n)
         if future is None or future.done():
             return
@@ -277,9 +283,9 @@ async def _serve(read_fd: int, write_fd: int) -> None:
     gate.set()
     metrics = Metrics()
     live: dict[str, EpisodeProgress] = {}
-    client = _ProxyClient(channel, spec.max_model_len, spec.version, live)
+    proxy = _ProxyClient(channel, spec.max_model_len, spec.version, live)
     runner = _WorkerEpisodeRunner(
-        client, spec.tokenizer, spec.rollout, metrics=metrics, admission=gate,  # type: ignore[arg-type]
+        proxy, spec.tokenizer, spec.rollout, metrics=metrics, admission=gate,  # type: ignore[arg-type]
         checkpoint=lambda p: channel.send(("partial", PartialRow.of(p))), chat=chat,
     )  # fmt: skip
     runner.live = live
@@ -310,20 +316,20 @@ async def _serve(read_fd: int, write_fd: int) -> None:
                 break  # the main process is gone
             what = message[0]
             if what == "gen":
-                client.answered(message[1], message[2], message[3])
+                proxy.answered(message[1], message[2], message[3])
             elif what == "run":
                 _, key, task, episode_id, attempt, version = message
-                client._version = max(client._version, version)
+                proxy.saw(version)
                 tasks[key] = asyncio.create_task(
                     episode(key, lambda t=task, e=episode_id, a=attempt: runner.run(t, e, a))
                 )
             elif what == "resume":
                 _, key, partial, version = message
-                client._version = max(client._version, version)
+                proxy.saw(version)
                 tasks[key] = asyncio.create_task(episode(key, lambda p=partial: runner.resume(p)))
             elif what == "gate":
                 _, is_open, epoch, version = message
-                client._version = max(client._version, version)
+                proxy.saw(version)
                 runner.epoch = epoch
                 gate.set() if is_open else gate.clear()
             elif what == "drop":
@@ -681,10 +687,10 @@ class WorkerRunner:
     def _handle(self, worker: _Worker, message: tuple[Any, ...]) -> None:
         what = message[0]
         if what == "gen":
-            _, n, prompt, sampling, request_id, turn = message
+            _, n, prompt, sampling, request_id, turn, tool_calls = message
             progress = self.live.get(RequestId.parse(request_id).episode_id)
             if progress is not None:
-                progress.turn = turn
+                progress.turn, progress.tool_calls = turn, tool_calls
                 progress.set_phase("engine")
             self._generations[(worker.index, n)] = asyncio.create_task(
                 self._generate(worker, n, prompt, sampling, request_id, progress)

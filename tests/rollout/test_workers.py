@@ -190,6 +190,10 @@ async def test_a_weight_update_pauses_and_resumes_episodes_in_the_workers(
         controller = RolloutController(runner, writer=writer)
         client.gate = runner.admission
         await client.wait_calls(20)  # episodes are in flight in both workers
+        # the live view (agentrl top) sees them as the workers report them
+        live = list(runner.live.values())
+        assert len(live) == 16 and {p.env_id for p in live} == {"bench/Echo-v0"}
+        assert any(p.turn > 0 for p in live) and any(p.sampled > 0 for p in live)
         stats.append(await controller.update_weights(weights_dir="/nowhere"))
 
     trajectories, store, _ = await _run(tokenizer, client, tmp_path, 2, 16, 4, during=update)
