@@ -85,6 +85,19 @@ logger = logging.getLogger(__name__)
 _request_ids = itertools.count()
 
 
+def oldest_sampled_version(conversation: Conversation | None) -> int | None:
+    """The policy version of a conversation's oldest sampled token (None: none yet)."""
+    if conversation is None:
+        return None
+    versions = [
+        int(v)
+        for seg in conversation.segments
+        for v, m in zip(seg.versions, seg.loss_mask, strict=True)
+        if m
+    ]
+    return min(versions) if versions else None
+
+
 class EpisodeRunner(EnvCalls):
     """Runs episodes against one inference client.
 
@@ -179,16 +192,7 @@ class EpisodeRunner(EnvCalls):
 
     def oldest_version(self, episode_id: str) -> int | None:
         """The policy version of a parked episode's oldest sampled token (None: none yet)."""
-        conv = self._parked[episode_id].conversation
-        if conv is None:
-            return None
-        versions = [
-            int(v)
-            for seg in conv.segments
-            for v, m in zip(seg.versions, seg.loss_mask, strict=True)
-            if m
-        ]
-        return min(versions) if versions else None
+        return oldest_sampled_version(self._parked[episode_id].conversation)
 
     def prefix_tokens(self, episode_id: str) -> int:
         """The tokens a parked episode re-submits when it resumes (its whole prefix)."""

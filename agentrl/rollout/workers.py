@@ -48,8 +48,9 @@ from agentrl.config import ModelConfig, RolloutConfig
 from agentrl.errors import ConfigError, ContextOverflowError, InfraError
 from agentrl.inference.base import Generation
 from agentrl.metrics import LoopLagMonitor, Metrics, tune_gc
+from agentrl.rollout.envside import sampled_tokens
 from agentrl.rollout.episode import EpisodeDropped, EpisodeProgress, EpisodeState
-from agentrl.rollout.runner import EpisodeRunner
+from agentrl.rollout.runner import EpisodeRunner, oldest_sampled_version
 from agentrl.store.schema import PartialRow
 from agentrl.trace import ROLLOUT, EpisodeTrace
 from agentrl.types import PartialEpisode, RequestId, Task, Trajectory
@@ -141,19 +142,6 @@ def _error(payload: tuple[Any, ...], where: str, episode_id: str = "") -> BaseEx
     if kind == "infra":
         return InfraError(payload[1])
     return InfraError(f"{where} raised {payload[1]}")
-
-
-def _sampled(conversation: Any) -> tuple[int, int | None, int]:
-    """(sampled tokens, the oldest one's version or None, prefix tokens) of a conversation."""
-    if conversation is None:
-        return 0, None, 0
-    versions = [
-        int(v)
-        for seg in conversation.segments
-        for v, m in zip(seg.versions, seg.loss_mask, strict=True)
-        if m
-    ]
-    return len(versions), (min(versions) if versions else None), len(conversation)
 
 
 # -- the worker process ------------------------------------------------------------------
@@ -251,8 +239,10 @@ class _WorkerEpisodeRunner(EpisodeRunner):
             snapshot: PartialEpisode | None = self._snapshot(ep)
         except Exception:  # an env whose get_state raises: its per-turn checkpoint stands
             snapshot = None
-        sampled, oldest, prefix = _sampled(ep.conversation)
-        self.channel.send(("parked", ep.episode_id, self.epoch, snapshot, oldest, prefix, sampled))
+        oldest = oldest_sampled_version(ep.conversation)
+        prefix = len(ep.conversation or ())
+        self.channel.send(("parked", ep.episode_id, self.epoch, snapshot, oldest, prefix,
+                           sampled_tokens(ep)))  # fmt: skip
         await super()._park(ep)
 
 
@@ -465,7 +455,6 @@ class WorkerRunner:
         self._generations: dict[tuple[int, int], asyncio.Task[None]] = {}
         self._parked: dict[str, _Parked] = {}
         self._parked_changed = asyncio.Condition()
-        self._owner: dict[str, int] = {}
         self._sampling: dict[bytes, Any] = {}
         self._failed: BaseException | None = None
         self._closing = False
@@ -577,7 +566,6 @@ class WorkerRunner:
         future: asyncio.Future[list[Trajectory]] = asyncio.get_running_loop().create_future()
         self._results[key] = future
         worker.running[key] = episode_id
-        self._owner[episode_id] = worker.index
         progress = self.live[episode_id] = EpisodeProgress(episode_id, env_id,
                                                            started_version=version)  # fmt: skip
         if self.tracer is not None and self.tracer.enabled:
@@ -593,7 +581,6 @@ class WorkerRunner:
         finally:
             self._results.pop(key, None)
             worker.running.pop(key, None)
-            self._owner.pop(episode_id, None)
             if progress.trace is not None:
                 progress.trace.end()
             self.live.pop(episode_id, None)
