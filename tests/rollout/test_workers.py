@@ -28,7 +28,7 @@ from agentrl.rollout import EpisodeRunner, RolloutConfig, Scheduler, tasks_for
 from agentrl.rollout.controller import RolloutController
 from agentrl.rollout.workers import WorkerRunner, open_runner
 from agentrl.store import EpisodeStore, StoreWriter
-from agentrl.types import Trajectory
+from agentrl.types import RequestId, Trajectory
 
 IMPORTS = ["benchmarks.common"]  # registers bench/Echo-v0 (async, get_state/set_state)
 
@@ -212,6 +212,28 @@ async def test_a_weight_update_pauses_and_resumes_episodes_in_the_workers(
     assert store.audit()["ok"]
     assert [v["version"] for v in store.versions()] == [1]
     store.close()
+
+
+async def test_a_request_that_crosses_the_closing_gate_is_held_until_it_opens(
+    tokenizer: Any,
+) -> None:
+    """A worker may send a generation request just before it learns the gate closed; the
+    main process holds it, so no request reaches the engine during a weight update."""
+    import pickle
+
+    client = SlowClient(tokenizer)
+    rollout = RolloutConfig(workers=2, group_size=1, concurrency=1, max_tokens_per_turn=4)
+    async with WorkerRunner(client, tokenizer, rollout, imports=IMPORTS) as runner:
+        runner.admission.clear()  # a weight update begins
+        worker = runner._workers[0]
+        request = ("gen", 10**6, [1, 2, 3], pickle.dumps(SamplingConfig(max_tokens=4)),
+                   RequestId("crossing/0", 0).format(), 0, 0)  # fmt: skip
+        runner._handle(worker, request)  # as the worker's message would arrive
+        await asyncio.sleep(0.2)
+        assert client.calls == 0  # held in the main process, not sent to the engine
+        runner.admission.set()
+        await client.wait_calls(1)  # sent once the gate opened
+        assert client.past_gate == []
 
 
 async def test_drop_policy_reruns_stale_episodes_from_the_workers(
