@@ -33,7 +33,6 @@ import re
 import string
 import threading
 from collections.abc import Awaitable, Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
 import gymnasium as gym
@@ -43,6 +42,7 @@ from gymnasium import spaces
 from agentrl.config import EnvConfig
 from agentrl.config.sections import DATASET_ENV_ID
 from agentrl.errors import ConfigError
+from agentrl.lanes import ThreadLane
 
 Message = dict[str, Any]
 Observation = str | list[Message]
@@ -179,7 +179,8 @@ def _run_sync(coro: Awaitable[Any], name: str) -> Any:
 
 
 class _EnvThreads:
-    """Single-thread executors for envs, kept for the next env when one is let go.
+    """Single-thread lanes (:class:`~agentrl.lanes.ThreadLane`) for envs, kept for the next
+    env when one is let go.
 
     Each env has a worker thread to itself while it lives (so a call that hangs holds
     only that env's thread); an env closed with no call left running hands its thread
@@ -190,31 +191,31 @@ class _EnvThreads:
 
     def __init__(self, keep: int = 4096) -> None:
         self.keep = keep
-        self._free: dict[str, list[ThreadPoolExecutor]] = {}
+        self._free: dict[str, list[ThreadLane]] = {}
         self._lock = threading.Lock()
 
-    def take(self, name: str) -> ThreadPoolExecutor:
+    def take(self, name: str) -> ThreadLane:
         with self._lock:
             free = self._free.get(name)
             if free:
                 return free.pop()
-        return ThreadPoolExecutor(1, thread_name_prefix=name)
+        return ThreadLane(name)
 
-    def give_back(self, name: str, executor: ThreadPoolExecutor) -> None:
+    def give_back(self, name: str, lane: ThreadLane) -> None:
         with self._lock:
             free = self._free.setdefault(name, [])
             if len(free) < self.keep:
-                free.append(executor)
+                free.append(lane)
                 return
-        executor.shutdown(wait=False)
+        lane.close()
 
     def drain(self) -> int:
         """Stop the threads waiting to be taken; return how many there were."""
         with self._lock:
-            free = [e for executors in self._free.values() for e in executors]
+            free = [lane for lanes in self._free.values() for lane in lanes]
             self._free.clear()
-        for executor in free:
-            executor.shutdown(wait=False)
+        for lane in free:
+            lane.close()
         return len(free)
 
     def idle(self) -> int:
@@ -247,23 +248,20 @@ class EnvHandle:
                     thread_name: str = "agentrl-env") -> EnvHandle:  # fmt: skip
         """``make(env_id, **kwargs)`` in the env's own worker thread (constructors may do
         I/O too), wrapped; the thread goes with the handle, or is let go if ``make`` fails."""
-        executor = ENV_THREADS.take(thread_name)
+        lane = ENV_THREADS.take(thread_name)
         try:
-            env = await asyncio.get_running_loop().run_in_executor(
-                executor, functools.partial(make, env_id, **kwargs)
-            )
+            env = await lane.call(functools.partial(make, env_id, **kwargs))
         except BaseException:  # make may still be running (cancelled, timed out)
-            executor.shutdown(wait=False, cancel_futures=True)
+            lane.close(cancel_pending=True)
             raise
-        return cls(env, executor, thread_name=thread_name)
+        return cls(env, lane, thread_name=thread_name)
 
-    def __init__(self, env: gym.Env[Any, Any], executor: ThreadPoolExecutor | None = None,
+    def __init__(self, env: gym.Env[Any, Any], lane: ThreadLane | None = None,
                  *, thread_name: str = "agentrl-env") -> None:  # fmt: skip
         self.env = env
-        self._executor = executor
+        self._lane = lane
         self._thread_name = thread_name
         self._abandoned = False
-        self._running = 0  # calls submitted to the worker thread and not yet returned
         self.inner = env.unwrapped
         self.is_async = callable(getattr(self.inner, "astep", None)) and callable(
             getattr(self.inner, "areset", None)
@@ -308,33 +306,21 @@ class EnvHandle:
         if self.is_async and callable(aclose):
             await aclose()
             return
-        if self._running:  # its thread is stuck in a call that missed its deadline
-            spare = ThreadPoolExecutor(1, thread_name_prefix="agentrl-env-close")
+        if self._lane is not None and self._lane.busy:  # stuck in a call past its deadline
+            spare = ThreadLane(f"{self._thread_name}-close")
             try:
-                await asyncio.get_running_loop().run_in_executor(spare, self.env.close)
+                await spare.call(self.env.close)
             finally:
-                spare.shutdown(wait=False)
+                spare.close()
             return
         await self._thread(self.env.close)
 
     async def _thread(self, fn: Callable[[], Any]) -> Any:
-        if self._abandoned:
+        if self._abandoned or (self._lane is not None and self._lane.closed):
             raise RuntimeError(f"the env {self.inner!r} was closed; it takes no more calls")
-        if self._executor is None:
-            self._executor = ENV_THREADS.take(self._thread_name)
-
-        def call() -> Any:
-            try:
-                return fn()
-            finally:
-                self._running -= 1
-
-        try:
-            future = asyncio.get_running_loop().run_in_executor(self._executor, call)
-        except RuntimeError as e:  # shut down: this env was abandoned
-            raise RuntimeError(f"the env {self.inner!r} was closed; it takes no more calls") from e
-        self._running += 1
-        return await future
+        if self._lane is None:
+            self._lane = ENV_THREADS.take(self._thread_name)
+        return await self._lane.call(fn)
 
     def raise_if_lost(self) -> None:
         """Raise why the env is gone, if it is (a remote env whose server went away
@@ -347,13 +333,13 @@ class EnvHandle:
         """Let go of the worker thread (after close): it goes back for the next env, or,
         stuck in a hung call, is left to it."""
         self._abandoned = True
-        executor, self._executor = self._executor, None
-        if executor is None:
+        lane, self._lane = self._lane, None
+        if lane is None:
             return
-        if self._running:
-            executor.shutdown(wait=False, cancel_futures=True)
+        if lane.busy:
+            lane.close(cancel_pending=True)
         else:
-            ENV_THREADS.give_back(self._thread_name, executor)
+            ENV_THREADS.give_back(self._thread_name, lane)
 
     def get_state(self) -> dict[str, Any] | None:
         """The env's snapshot when it has ``get_state`` and the snapshot is JSON; else None."""

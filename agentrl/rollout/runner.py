@@ -31,7 +31,6 @@ every turn boundary the episode is offered to ``checkpoint`` as a
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import dataclasses
 import functools
 import itertools
@@ -47,6 +46,7 @@ from agentrl.config import RolloutConfig
 from agentrl.env import make_env
 from agentrl.errors import ContextOverflowError, InfraError, RemoteEnvError
 from agentrl.inference.base import InferenceClient
+from agentrl.lanes import ThreadLane
 from agentrl.metrics import Metrics
 from agentrl.rollout.envside import (
     TOOL_NEVER_RAN,
@@ -147,15 +147,13 @@ class EpisodeRunner(EnvCalls):
         # Chat-template rendering and tokenization (a few ms each) run in one worker
         # thread: on the loop, a vLLM batch finishing hundreds of turns at once would
         # stall it for a second. One thread: the tokenizer is not safe to share.
-        self._render_pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="render"
-        )
+        self.render_lane = ThreadLane("render")
         # An engine step that ends hundreds of turns wakes hundreds of episodes at once;
         # they go on a slice per loop pass, so timers and weight updates are not held up.
         self._turnstile = Turnstile()
 
     async def _render(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self._render_pool, fn, *args)
+        return await self.render_lane.call(fn, *args)
 
     async def run(self, task: Task, episode_id: str, attempt: int = 0) -> list[Trajectory]:
         """Run one episode; return its trajectory (several if the template re-segmented).

@@ -337,7 +337,7 @@ async def _serve(read_fd: int, write_fd: int) -> None:
         for task in list(tasks.values()):
             task.cancel()
         await asyncio.gather(*tasks.values(), return_exceptions=True)
-        runner._render_pool.shutdown(wait=False)
+        runner.render_lane.close()
         channel.send(("stopped", time.process_time()))
         with contextlib.suppress(Exception):
             await channel.writer.drain()

@@ -1,0 +1,203 @@
+"""``ThreadLane``: a worker thread an event loop awaits for a fraction of an executor's cost.
+
+The rollout loop hands every sync env call (make, reset, step, close) to the env's own
+thread and every chat-template rendering to the runner's render thread, two to three
+times a turn. Through ``loop.run_in_executor(ThreadPoolExecutor(1), fn)`` one such hop
+cost about 110 µs of CPU on a 2-core machine (a ``concurrent.futures.Future`` with its
+lock and condition, the executor's idle-semaphore bookkeeping, a chained asyncio future,
+and one write to the loop's self-pipe plus one wake-up of the loop per call): a third of
+the loop's CPU per turn against an instant engine (``benchmarks/bench_ceiling.py``).
+
+A lane does the same work with less: calls go to the thread through a
+:class:`queue.SimpleQueue`, results come back through one inbox per event loop, and the
+loop is woken once for every *batch* of results that lands while it is busy (hundreds of
+episodes finish env steps at once), not once per result. What stays as with an
+executor:
+
+* calls on one lane run one at a time, in order, in the same thread (an env keeps its
+  thread, a tokenizer is never shared between threads);
+* a call cancelled before its thread took it never runs; one already running runs to its
+  end (threads cannot be interrupted) and its result is dropped;
+* an exception raised by the call is raised to the awaiting task;
+* no context variables are copied (as ``run_in_executor``).
+
+The thread starts at the first call and ends after :meth:`ThreadLane.close`, or when the
+lane is garbage collected. It is a daemon thread: a call hung past its deadline never
+holds up the interpreter's exit (an executor's thread is joined at exit).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import functools
+import queue
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+_STOP = object()
+"""Put on a lane's queue to end its thread."""
+
+
+class _Inbox:
+    """Results for one event loop; the loop is woken once per batch."""
+
+    __slots__ = ("__weakref__", "_armed", "_items", "_lock", "_loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = weakref.ref(loop)  # weak: the registry of inboxes is keyed by it
+        self._items: collections.deque[tuple[asyncio.Future[Any], bool, Any]] = collections.deque()
+        self._lock = threading.Lock()
+        self._armed = False
+
+    def post(self, future: asyncio.Future[Any], ok: bool, value: Any) -> None:
+        """From any thread: deliver ``value`` (a result, or an exception if not ``ok``)."""
+        with self._lock:
+            self._items.append((future, ok, value))
+            if self._armed:  # a wake-up is on its way; it takes this one too
+                return
+            self._armed = True
+        self.call_soon(self._deliver)
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        return self._loop()
+
+    def call_soon(self, fn: Callable[[], Any]) -> None:
+        """From any thread: ``fn()`` on the loop (nothing if the loop is gone or closed:
+        nobody waits on it any more)."""
+        loop = self._loop()
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(fn)
+
+    def _deliver(self) -> None:
+        with self._lock:
+            self._armed = False
+            items, self._items = self._items, collections.deque()
+        for future, ok, value in items:
+            if future.cancelled():
+                continue
+            if ok:
+                future.set_result(value)
+            else:
+                future.set_exception(value)
+
+
+_inboxes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Inbox] = weakref.WeakKeyDictionary()
+_inboxes_lock = threading.Lock()
+
+
+def _inbox(loop: asyncio.AbstractEventLoop) -> _Inbox:
+    inbox = _inboxes.get(loop)
+    if inbox is None:
+        with _inboxes_lock:
+            inbox = _inboxes.setdefault(loop, _Inbox(loop))
+    return inbox
+
+
+class _Shared:
+    """What a lane and its thread share: calls submitted (counted by the loop's thread),
+    calls finished (by the lane's), and whether waiting calls are to be cancelled."""
+
+    __slots__ = ("cancel", "finished", "submitted")
+
+    def __init__(self) -> None:
+        self.submitted = 0
+        self.finished = 0
+        self.cancel = False
+
+
+class ThreadLane:
+    """One worker thread whose calls are awaited from an event loop.
+
+    Args:
+        name: the thread's name (``threading.current_thread().name`` inside a call).
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._shared = _Shared()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._inbox: _Inbox | None = None  # the last caller's loop's (one loop, usually)
+        # Collected without close(): the thread ends once the calls before this are done.
+        weakref.finalize(self, self._queue.put, _STOP)
+
+    @property
+    def busy(self) -> int:
+        """Calls submitted and not yet finished (running or waiting for the thread)."""
+        return self._shared.submitted - self._shared.finished
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def thread(self) -> threading.Thread | None:
+        """The worker thread (None until the first call)."""
+        return self._thread
+
+    async def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)`` in the lane's thread; its result, or its exception.
+
+        Raises:
+            RuntimeError: the lane was closed.
+        """
+        if self._closed:
+            raise RuntimeError(f"the thread lane {self.name!r} is closed")
+        loop = asyncio.get_running_loop()
+        inbox = self._inbox
+        if inbox is None or inbox.loop is not loop:
+            inbox = self._inbox = _inbox(loop)
+        future = loop.create_future()
+        if kwargs:
+            fn, args = functools.partial(fn, *args, **kwargs), ()
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=_serve, args=(self._queue, self._shared), name=self.name,
+                daemon=True,
+            )  # fmt: skip
+            self._thread.start()
+        self._shared.submitted += 1
+        self._queue.put((fn, args, future, inbox))
+        return await future
+
+    def close(self, *, cancel_pending: bool = False) -> None:
+        """Take no more calls; the thread ends after those already submitted (with
+        ``cancel_pending``: after the one it is running, the waiting ones are cancelled).
+        Idempotent."""
+        if cancel_pending:
+            self._shared.cancel = True
+        if not self._closed:
+            self._closed = True
+            self._queue.put(_STOP)
+
+
+def _serve(calls: queue.SimpleQueue[Any], shared: _Shared) -> None:
+    """The lane's thread: run calls until told to stop. It holds no reference to the lane,
+    so an unreferenced lane is collected and its finalizer stops the thread."""
+    while True:
+        item = calls.get()
+        if item is _STOP:
+            return
+        fn, args, future, inbox = item
+        value = None
+        try:
+            if shared.cancel:  # closed with cancel_pending: the waiting calls never run
+                inbox.call_soon(future.cancel)
+                continue
+            if future.cancelled():  # cancelled while it waited for the thread: never runs
+                continue
+            try:
+                value, ok = fn(*args), True
+            except BaseException as e:  # handed to the awaiting task, as an executor does
+                value, ok = e, False
+            inbox.post(future, ok, value)
+        finally:
+            shared.finished += 1
+            item = fn = args = value = None  # nothing held while the thread waits

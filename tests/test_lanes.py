@@ -1,0 +1,129 @@
+"""ThreadLane: a worker thread awaited from an event loop (agentrl.lanes)."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import threading
+import time
+
+import pytest
+
+from agentrl.lanes import ThreadLane
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def test_calls_run_in_order_in_one_thread_and_return_or_raise() -> None:
+    lane = ThreadLane("test-lane")
+    seen: list[tuple[int, str]] = []
+
+    def note(i: int, *, tag: str) -> int:
+        seen.append((i, threading.current_thread().name))
+        return i * 2
+
+    results = await asyncio.gather(*(lane.call(note, i, tag="x") for i in range(20)))
+    assert results == [i * 2 for i in range(20)]
+    assert [i for i, _ in seen] == list(range(20))
+    assert {name for _, name in seen} == {"test-lane"}
+    assert lane.thread is not None and lane.thread.daemon
+    with pytest.raises(ZeroDivisionError):
+        await lane.call(lambda: 1 / 0)
+    assert lane.busy == 0
+    lane.close()
+    lane.thread.join(5)
+    assert not lane.thread.is_alive()
+    with pytest.raises(RuntimeError, match="closed"):
+        await lane.call(int)
+
+
+async def test_a_call_cancelled_while_waiting_never_runs() -> None:
+    lane = ThreadLane("test-lane")
+    release = threading.Event()
+    ran: list[int] = []
+    first = asyncio.ensure_future(lane.call(release.wait, 10))
+    second = asyncio.ensure_future(lane.call(ran.append, 2))
+    await asyncio.sleep(0.05)
+    assert lane.busy == 2
+    second.cancel()
+    release.set()
+    assert await first is True
+    await asyncio.sleep(0.05)
+    assert second.cancelled() and ran == [] and lane.busy == 0
+    lane.close()
+
+
+async def test_close_with_cancel_pending_lets_a_stuck_call_finish_and_cancels_the_rest() -> None:
+    lane = ThreadLane("test-lane")
+    release = threading.Event()
+    ran: list[int] = []
+    stuck = asyncio.ensure_future(lane.call(release.wait, 10))
+    waiting = asyncio.ensure_future(lane.call(ran.append, 1))
+    await asyncio.sleep(0.05)
+    lane.close(cancel_pending=True)
+    release.set()
+    assert await stuck is True  # the running call ends and is delivered
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert ran == []
+    assert lane.thread is not None
+    lane.thread.join(5)
+    assert not lane.thread.is_alive()
+
+
+async def test_an_unreferenced_lane_ends_its_thread() -> None:
+    lane = ThreadLane("test-lane")
+    await lane.call(int)
+    thread = lane.thread
+    assert thread is not None and thread.is_alive()
+    del lane
+    gc.collect()
+    thread.join(5)
+    assert not thread.is_alive()
+
+
+async def test_results_that_land_together_wake_the_loop_once() -> None:
+    """The point of the lane: a batch of results costs one wake-up of the loop."""
+    loop = asyncio.get_running_loop()
+    wakeups = 0
+    original = loop.call_soon_threadsafe
+
+    def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
+        nonlocal wakeups
+        wakeups += 1
+        return original(*args, **kwargs)
+
+    lanes = [ThreadLane(f"test-lane-{i}") for i in range(50)]
+    started = threading.Barrier(51)
+    calls = [asyncio.ensure_future(lane.call(started.wait, 10)) for lane in lanes]
+    await asyncio.sleep(0)  # the calls are submitted
+    loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
+    try:
+        started.wait(10)  # every lane runs its call now
+        time.sleep(0.3)  # the loop is busy (blocked) while all 50 results land
+        await asyncio.gather(*calls)
+    finally:
+        del loop.call_soon_threadsafe
+    assert wakeups <= 2, f"{wakeups} wake-ups for 50 results that landed together"
+    for lane in lanes:
+        lane.close()
+
+
+def test_a_result_for_a_closed_loop_is_dropped_quietly() -> None:
+    lane = ThreadLane("test-lane")
+    release = threading.Event()
+
+    async def submit() -> None:
+        asyncio.ensure_future(lane.call(release.wait, 10))
+        await asyncio.sleep(0.05)
+
+    other = asyncio.new_event_loop()
+    try:
+        other.run_until_complete(submit())
+    finally:
+        other.close()
+    release.set()
+    time.sleep(0.1)
+    assert lane.busy == 0  # delivered to nobody, without an error in the thread
+    assert asyncio.run(lane.call(lambda: 7)) == 7  # the lane serves the next loop
+    lane.close()
