@@ -140,6 +140,8 @@ class RenderTokenizer:
             and not backend.encode_special_tokens
             and not tokenizer.split_special_tokens
         ):
-            return [e.ids for e in backend.encode_batch(texts, add_special_tokens=False)]
+            # One by one: encode_batch hands even two short pieces to its thread pool,
+            # which costs more CPU than encoding them (89 us against 34 us here).
+            return [backend.encode(t, add_special_tokens=False).ids for t in texts]
         out = tokenizer(texts, add_special_tokens=False, padding=False, truncation=False)
         return [list(ids) for ids in out["input_ids"]]
