@@ -202,19 +202,18 @@ class EpisodeStore:
         if not partials:
             return
         now = time.time()
-        with self._tx() as db:
-            for p in partials:
-                row = p if isinstance(p, PartialRow) else PartialRow.of(p)
-                db.execute(
-                    "INSERT OR REPLACE INTO partials (episode_id, attempt, version, written_at, "
-                    "token_ids, logprobs, versions, loss_mask, meta) VALUES (?,?,?,?,?,?,?,?,?)",
-                    (row.episode_id, row.attempt, row.version, now, *row.columns),
-                )  # fmt: skip
-                db.execute(
-                    "UPDATE episodes SET state = 'paused', updated_at = ? "
-                    "WHERE episode_id = ? AND attempt = ?",
-                    (now, p.episode_id, p.attempt),
-                )
+        rows = [p if isinstance(p, PartialRow) else PartialRow.of(p) for p in partials]
+        with self._tx() as db:  # executemany: one statement loop in C for the batch
+            db.executemany(
+                "INSERT OR REPLACE INTO partials (episode_id, attempt, version, written_at, "
+                "token_ids, logprobs, versions, loss_mask, meta) VALUES (?,?,?,?,?,?,?,?,?)",
+                [(r.episode_id, r.attempt, r.version, now, *r.columns) for r in rows],
+            )  # fmt: skip
+            db.executemany(
+                "UPDATE episodes SET state = 'paused', updated_at = ? "
+                "WHERE episode_id = ? AND attempt = ?",
+                [(now, r.episode_id, r.attempt) for r in rows],
+            )
 
     def partial(self, episode_id: str) -> PartialEpisode | None:
         rows = self._query("SELECT * FROM partials WHERE episode_id = ?", (episode_id,))
