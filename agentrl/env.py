@@ -266,7 +266,9 @@ class EnvHandle:
         self.is_async = callable(getattr(self.inner, "astep", None)) and callable(
             getattr(self.inner, "areset", None)
         )
-        spec = getattr(env, "spec", None)
+        # Only the async path needs it (sync calls go through the TimeLimit wrapper), and
+        # a wrapper's ``spec`` is a deep copy of the env's: a tenth of an episode's start.
+        spec = getattr(env, "spec", None) if self.is_async else None
         self.max_steps: int | None = getattr(spec, "max_episode_steps", None)
         self.steps = 0
 
