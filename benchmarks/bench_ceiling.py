@@ -316,7 +316,8 @@ def run_worker(tree: Path, args: argparse.Namespace, profile: bool) -> dict[str,
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--model", args.model,
            "--cases", ",".join(args.cases), "--workers", ",".join(map(str, args.workers))
            ] + ([] if profile else ["--no-profile"])  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=1800)
+    # cwd: the tree, so that an older tree's rollout workers (started with -m) import it too
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tree, timeout=1800)
     if proc.returncode != 0:
         raise RuntimeError(f"the bench worker for {tree} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -43,6 +43,7 @@ import pickle
 import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from agentrl.config import ModelConfig, RolloutConfig
@@ -371,6 +372,15 @@ async def _serve(read_fd: int, write_fd: int) -> None:
         channel.close()
 
 
+def _worker_env() -> dict[str, str]:
+    """The environment of a worker: this one, with this process's ``agentrl`` first on the
+    path. The wire and the pickled objects are this version's; ``-P`` keeps the current
+    directory (another checkout, say) from putting a different ``agentrl`` first."""
+    root = str(Path(__file__).resolve().parents[2])
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([root, path] if path else [root])}
+
+
 def _worker_main(argv: list[str]) -> None:
     read_fd, write_fd = int(argv[0]), int(argv[1])
     # agentrl's warnings (an env that does not replay, ...) and everyone's errors
@@ -512,8 +522,8 @@ class WorkerRunner:
         up_r, up_w = os.pipe()  # worker -> main
         try:
             process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "agentrl.rollout.workers", str(down_r), str(up_w),
-                pass_fds=(down_r, up_w), stdin=asyncio.subprocess.DEVNULL,
+                sys.executable, "-P", "-m", "agentrl.rollout.workers", str(down_r), str(up_w),
+                pass_fds=(down_r, up_w), stdin=asyncio.subprocess.DEVNULL, env=_worker_env(),
                 start_new_session=True,  # Ctrl-C reaches this process, which stops them
             )  # fmt: skip
         finally:
