@@ -227,6 +227,17 @@ class _EnvThreads:
 ENV_THREADS = _EnvThreads()
 
 
+def _step_limit(env: gym.Env[Any, Any]) -> int | None:
+    """``env.spec.max_episode_steps``, read where it lives: the outermost ``TimeLimit``'s
+    limit, else the env's own spec. (A wrapper's ``spec`` property deep-copies the spec
+    under it: a tenth of an episode's start against an instant engine.)"""
+    while isinstance(env, gym.Wrapper):
+        if isinstance(env, gym.wrappers.TimeLimit):
+            return int(env._max_episode_steps)
+        env = env.env
+    return getattr(getattr(env, "spec", None), "max_episode_steps", None)
+
+
 class EnvHandle:
     """How the rollout engine drives one env without ever blocking its event loop.
 
@@ -266,10 +277,7 @@ class EnvHandle:
         self.is_async = callable(getattr(self.inner, "astep", None)) and callable(
             getattr(self.inner, "areset", None)
         )
-        # Only the async path needs it (sync calls go through the TimeLimit wrapper), and
-        # a wrapper's ``spec`` is a deep copy of the env's: a tenth of an episode's start.
-        spec = getattr(env, "spec", None) if self.is_async else None
-        self.max_steps: int | None = getattr(spec, "max_episode_steps", None)
+        self.max_steps: int | None = _step_limit(env) if self.is_async else None
         self.steps = 0
 
     @property
