@@ -254,8 +254,19 @@ class Conversation:
         When the second value is False the tokens are the full re-rendering, to be used
         as the prompt of a new segment. ``keep_sampled``: see the module doc.
         """
-        base = self.render(self.messages, add_generation_prompt=False)
-        full = self.render(self.messages + new_messages, add_generation_prompt=True)
+        renderer = self._renderer
+        if renderer is not None and renderer.usable():
+            kwargs = {"tools": self.tools, "template_kwargs": self.template_kwargs}
+            base_text = renderer.text(self.messages, add_generation_prompt=False, **kwargs)
+            full_text = renderer.text(self.messages + new_messages, add_generation_prompt=True,
+                                      **kwargs)  # fmt: skip
+            delta = self._piece_delta(renderer, base_text, full_text)
+            if delta is not None:
+                return delta, True
+            base, full = renderer.encode(base_text), renderer.encode(full_text)
+        else:
+            base = self.render(self.messages, add_generation_prompt=False)
+            full = self.render(self.messages + new_messages, add_generation_prompt=True)
         if full[: len(base)] != base and keep_sampled:
             aligned = self._align(base, full)
             if aligned is not None:
@@ -268,6 +279,38 @@ class Conversation:
         if closing is None:
             return full, False
         return closing + full[len(base) :], True
+
+    def _piece_delta(self, renderer: RenderTokenizer, base_text: str,
+                     full_text: str) -> list[int] | None:  # fmt: skip
+        """:meth:`delta_for`'s tokens for a prefix-preserving turn, from the renderings
+        compared piece by piece (None: compare tokens instead).
+
+        A rendering's ids are its pieces' ids, and equal pieces have equal ids, so when
+        ``base``'s pieces begin ``full``'s, ``base``'s ids begin ``full``'s and the delta is
+        the ids of the pieces after them. Only those, and the few after the last turn's
+        end-of-turn token (the closing), are tokenized: not the turn just sampled, whose
+        text every rendering holds anew (at 256 tokens a turn, most of the tokenizing).
+        End-of-turn tokens are found among the added tokens between pieces, which holds
+        only if every end-of-turn id is an added token's.
+        """
+        if not renderer.all_added(self.end_of_turn_ids):
+            return None
+        base, full = renderer.keys(base_text), renderer.keys(full_text)
+        n = len(base)
+        if n == 0 or full[:n] != base:
+            return None  # the tokens may still agree: let the token comparison decide
+        tail = renderer.ids(full, n)
+        if tail is None or not self.messages or self.messages[-1]["role"] != "assistant":
+            return tail
+        last = next((i for i in range(n - 1, 0, -1)
+                     if renderer.added_id(base[i][0]) in self.end_of_turn_ids), None)  # fmt: skip
+        closing = renderer.ids(base, last) if last is not None else None
+        if closing is None:
+            return None
+        sampled_end = self.current.token_ids[-1] if self.current.token_ids else None
+        if self._last_finish == "stop" and sampled_end in self.end_of_turn_ids:
+            closing = closing[1:]  # after the sampled end-of-turn token, as _closing does
+        return closing + tail
 
     def _align(self, base: list[int], full: list[int]) -> tuple[list[int], list[int]] | None:
         """``(base, full)`` cut so that ``base`` is a prefix of ``full`` where both hold

@@ -42,6 +42,7 @@ class RenderTokenizer:
         self._split = split
         self._token_ids = token_ids
         self._pieces: dict[tuple[str, str], list[int]] = {}
+        self._added_ids = set(token_ids.values())
         self._vocab_size = tokenizer.backend_tokenizer.get_vocab_size(with_added_tokens=True)
 
     @classmethod
@@ -82,44 +83,75 @@ class RenderTokenizer:
                tools: list[dict[str, Any]] | None,
                template_kwargs: Mapping[str, Any]) -> list[int]:  # fmt: skip
         """``apply_chat_template(messages, tokenize=True, ...)["input_ids"]``, the same ids."""
-        text = self.tokenizer.apply_chat_template(
-            messages,
-            tools=tools,
-            add_generation_prompt=add_generation_prompt,
-            tokenize=False,
-            **template_kwargs,
-        )
+        text = self.text(messages, add_generation_prompt=add_generation_prompt, tools=tools,
+                         template_kwargs=template_kwargs)  # fmt: skip
         return self.encode(text)
+
+    def text(self, messages: list[Message], *, add_generation_prompt: bool,
+             tools: list[dict[str, Any]] | None,
+             template_kwargs: Mapping[str, Any]) -> str:  # fmt: skip
+        """The chat template's rendering of ``messages``, as text."""
+        text = self.tokenizer.apply_chat_template(
+            messages, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=False,
+            **template_kwargs,
+        )  # fmt: skip
+        return str(text)
 
     def encode(self, text: str) -> list[int]:
         """``tokenizer(text, add_special_tokens=False)["input_ids"]``, piece by piece."""
-        tokenizer = self.tokenizer
-        if (
-            tokenizer.split_special_tokens  # switched on since: no pieces then
-            or tokenizer.backend_tokenizer.get_vocab_size(with_added_tokens=True)
-            != self._vocab_size  # tokens added since: the split would miss them
-        ):
+        if not self.usable():
             return self._whole(text)
+        out = self.ids(self.keys(text))
+        return self._whole(text) if out is None else out
+
+    def usable(self) -> bool:
+        """Whether pieces still tokenize as the whole text does: no special-token splitting
+        switched on, and no token added since this was made (the split would miss it)."""
+        tokenizer = self.tokenizer
+        return not tokenizer.split_special_tokens and (
+            tokenizer.backend_tokenizer.get_vocab_size(with_added_tokens=True) == self._vocab_size
+        )
+
+    def keys(self, text: str) -> list[tuple[str, str]]:
+        """``text`` cut at its added tokens: ``(the added token before, the text piece)``
+        for each piece (the first has ``""`` before it; a piece may be ``""``)."""
         # re.split with one group: text pieces at even indices, added tokens at odd ones.
         parts = self._split.split(text)
-        keys = [(parts[i - 1] if i else "", parts[i]) for i in range(0, len(parts), 2)]
+        return [(parts[i - 1] if i else "", parts[i]) for i in range(0, len(parts), 2)]
+
+    def ids(self, keys: list[tuple[str, str]], start: int = 0) -> list[int] | None:
+        """The ids of ``keys[start:]``: each piece's added token before it (but the first
+        key's, which has none) and the piece's ids. Pieces not seen before are tokenized
+        now. None where a piece does not tokenize as the module doc says (then tokenize
+        the whole text)."""
         pieces = self._pieces
-        missing = list({k: None for k in keys if k[1] and k not in pieces})
+        token_ids = self._token_ids
+        missing = list({k: None for k in keys[start:] if k[1] and k not in pieces})
         if missing:
             encoded = self._encode_batch([before + piece for before, piece in missing])
             for (before, piece), ids in zip(missing, encoded, strict=True):
                 if before:
-                    if not ids or ids[0] != self._token_ids[before]:
-                        return self._whole(text)  # not as the module doc says: be exact
+                    if not ids or ids[0] != token_ids[before]:
+                        return None  # not as the module doc says: be exact
                     ids = ids[1:]
                 pieces[(before, piece)] = ids
         out: list[int] = []
-        for i, key in enumerate(keys):
+        for i in range(start, len(keys)):
+            before, piece = keys[i]
             if i:
-                out.append(self._token_ids[key[0]])
-            if key[1]:
-                out.extend(pieces[key])
+                out.append(token_ids[before])
+            if piece:
+                out.extend(pieces[(before, piece)])
         return out
+
+    def added_id(self, content: str) -> int | None:
+        """The id of the added token ``content`` (None: ``""``, before the first piece)."""
+        return self._token_ids.get(content)
+
+    def all_added(self, token_ids: set[int]) -> bool:
+        """Whether every id in ``token_ids`` is an added token's (so it never occurs inside
+        a piece's ids: added tokens are cut out of the text before pieces are tokenized)."""
+        return token_ids <= self._added_ids
 
     def _whole(self, text: str) -> list[int]:
         out = self.tokenizer(text, add_special_tokens=False, padding=False, truncation=False)

@@ -120,3 +120,61 @@ def test_tokens_added_later_are_not_missed() -> None:
     whole = list(tok(text, add_special_tokens=False)["input_ids"])
     assert tok.convert_tokens_to_ids("<new_token>") in whole
     assert pieces.encode(text) == whole
+
+
+def test_piecewise_deltas_are_the_token_deltas(
+    tokenizers: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An env or tool turn's tokens from renderings compared piece by piece (the turn just
+    sampled never re-tokenized) are those from comparing tokens (the renderer switched
+    off): every family, turns that stopped or were cut off, keep_sampled both ways, and
+    templates that rewrite earlier turns (new segments) included."""
+    used = []
+    original = Conversation._piece_delta
+
+    def spy(self: Conversation, *args: Any) -> list[int] | None:
+        out = original(self, *args)
+        used.append(out is not None)
+        return out
+
+    monkeypatch.setattr(Conversation, "_piece_delta", spy)
+    first = sample_conversation()[:2]
+    call = {"id": "t0000c000", "type": "function",
+            "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}  # fmt: skip
+    user = {"role": "user", "content": "go on"}
+    tool = {"role": "tool", "name": "add", "content": "5", "tool_call_id": "t0000c000"}
+    turns = [("Let me think. <think>2 + 3</think> then", None, user),
+             ("", [call], tool),
+             ("Answer: 5", None, {"role": "user", "content": "And 4 + 4?"}),
+             ("Answer: 8", None, {"role": "user", "content": "<|im_end|> bye"})]  # fmt: skip
+    for name, tok in tokenizers.items():
+        for keep in (False, True):
+            for finish in ("stop", "length"):
+                fast = Conversation(tok, first, tools=[ADD_SCHEMA])
+                slow = Conversation(tok, first, tools=[ADD_SCHEMA])
+                slow._renderer = None
+                assert fast.token_ids == slow.token_ids, name
+                eot = min(fast.end_of_turn_ids)
+                for text, calls, reply in turns:
+                    results = []
+                    for conv in (fast, slow):
+                        ids = tok.encode(text, add_special_tokens=False) or [eot]
+                        ids += [eot] if finish == "stop" else []
+                        conv.add_sampled(ids, [-0.5] * len(ids), [0] * len(ids))
+                        conv.end_assistant_turn(text, finish)
+                        if calls:
+                            conv.attach_tool_calls(calls)
+                        try:
+                            results.append(conv.add_messages([reply], "env", keep_sampled=keep))
+                        except Exception as e:  # a template that refuses this turn order
+                            results.append(type(e))
+                    where = (name, keep, finish, text)
+                    assert results[0] == results[1], where
+                    assert [s.token_ids for s in fast.segments] == [
+                        s.token_ids for s in slow.segments
+                    ], where
+                    assert [s.spans for s in fast.segments] == [s.spans for s in slow.segments]
+                    if not isinstance(results[0], bool):
+                        break
+    # both paths ran (here 100 of 128 turns by pieces), so each was compared
+    assert any(used) and not all(used)
