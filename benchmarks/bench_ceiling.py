@@ -55,9 +55,12 @@ if str(ROOT) not in sys.path:  # appended: under --compare, PYTHONPATH picks the
 # the named caller only, when one is named); a root inside another stage's root is taken
 # out of that one. Names from older revisions stay, so --compare splits both alike.
 STAGES: list[tuple[str, list[tuple[str, str, str, str]]]] = [
-    ("render", [("agentrl/chat/conversation.py", "render", "", "")]),
+    ("render", [("agentrl/chat/conversation.py", "render", "", ""),
+                ("agentrl/chat/rendering.py", "text", "delta_for", "")]),
     ("tokenize", [("tokenization_utils_base.py", "__call__", "apply_chat_template", "render"),
-                  ("agentrl/chat/conversation.py", "decode", "", "")]),
+                  ("agentrl/chat/conversation.py", "decode", "", ""),
+                  ("agentrl/chat/rendering.py", "ids", "_piece_delta", ""),
+                  ("agentrl/chat/rendering.py", "encode", "delta_for", "")]),
     ("checkpoint", [("agentrl/rollout/runner.py", "_checkpoint", "", "")]),
     ("store write", [("agentrl/store/writer.py", "_apply", "", "")]),
     ("validation", [("agentrl/types.py", "validate", "", ""),
