@@ -100,7 +100,7 @@ async def test_results_that_land_together_wake_the_loop_once() -> None:
     loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
     try:
         started.wait(10)  # every lane runs its call now
-        time.sleep(0.3)  # the loop is busy (blocked) while all 50 results land
+        time.sleep(0.3)  # noqa: ASYNC251 (the loop is meant to be blocked while all 50 land)
         await asyncio.gather(*calls)
     finally:
         del loop.call_soon_threadsafe
@@ -114,8 +114,9 @@ def test_a_result_for_a_closed_loop_is_dropped_quietly() -> None:
     release = threading.Event()
 
     async def submit() -> None:
-        asyncio.ensure_future(lane.call(release.wait, 10))
+        pending = asyncio.ensure_future(lane.call(release.wait, 10))
         await asyncio.sleep(0.05)
+        assert not pending.done()  # left waiting when its loop closes
 
     other = asyncio.new_event_loop()
     try:
