@@ -32,7 +32,8 @@ class StoreWriter:
     ``episode``, ``dropped``, ``group``, ``version``); a background task commits
     whatever is pending every ``interval_s``; :meth:`flush` commits now and returns once
     it is durable. Writes are applied in the order they were submitted, except that a
-    newer checkpoint of an episode replaces an older one still pending.
+    newer checkpoint of an episode replaces an older one still pending, and an episode's
+    end (or drop) cancels its checkpoint still pending (the end deletes it anyway).
 
     A write leaves the queue only once its transaction has committed. When a commit
     fails, :meth:`flush` raises the error and every write stays pending, in order, for
@@ -94,11 +95,19 @@ class StoreWriter:
 
     def episode(self, trajectories: Sequence[Trajectory], *, retried: bool = False) -> None:
         self._submit("episode", (list(trajectories), retried))
-        self._partial_at.pop(trajectories[0].episode_id, None)
+        self._supersede(trajectories[0].episode_id)
 
     def dropped(self, episode_id: str, attempt: int, reason: str) -> None:
         self._submit("dropped", (episode_id, attempt, reason))
-        self._partial_at.pop(episode_id, None)
+        self._supersede(episode_id)
+
+    def _supersede(self, episode_id: str) -> None:
+        """An ended or dropped episode's pending checkpoint is not written: the end (in
+        the same transaction, as every pending write is) deletes it anyway. One being
+        committed now is left alone."""
+        at = self._partial_at.pop(episode_id, None)
+        if at is not None and at >= self._writing:
+            self._ops[at] = ("superseded", None)
 
     def group(self, group: Group) -> None:
         self._submit("group", group)
@@ -176,16 +185,21 @@ class StoreWriter:
 
     def _apply(self, ops: list[Op]) -> None:
         store = self.store
+        partials: list[Any] = []  # consecutive checkpoints, written together
         with store.batch():
             for i, (kind, payload) in enumerate(ops):
                 if i == 1:
                     faults.point("store_write")
+                if kind == "partial":
+                    partials.append(payload)
+                    continue
+                if partials:
+                    store.save_partials(partials)
+                    partials = []
                 if kind == "task":
                     store.add_tasks([payload[0]], payload[1])
                 elif kind == "started":
                     store.episode_started(*payload)
-                elif kind == "partial":
-                    store.save_partials([payload])
                 elif kind == "episode":
                     store.save_episode(payload[0], retried=payload[1])
                 elif kind == "dropped":
@@ -194,6 +208,8 @@ class StoreWriter:
                     store.complete_group(payload)
                 elif kind == "version":
                     store.record_version(*payload)
+            if partials:
+                store.save_partials(partials)
 
     async def _run(self) -> None:
         assert self._wake is not None

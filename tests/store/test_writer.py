@@ -7,6 +7,7 @@
 * A checkpoint submitted while an older one of the same episode is being committed is
   kept (it does not overwrite the one in flight and vanish with it).
 * A flush cancelled mid-commit neither loses its writes nor writes them twice.
+* An episode that ends while its checkpoint waits: the checkpoint is not written.
 """
 
 from __future__ import annotations
@@ -162,3 +163,31 @@ async def test_a_flush_cancelled_mid_commit_writes_each_write_once(
         assert writer.pending == 0 and store.partial("t0/0").turn == 1
         assert [v["version"] for v in store.versions()] == [1, 2]
         assert metrics.counters["store_writes"] == 3, "each write committed once, none redone"
+
+
+async def test_an_ended_episodes_pending_checkpoint_is_not_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The end deletes the checkpoint anyway (same transaction); the other checkpoints of
+    the batch are written together, in one save_partials call."""
+    with EpisodeStore.open(tmp_path) as store:
+        store.add_tasks(TASKS[:3], 1)
+        for task in TASKS[:3]:
+            store.episode_started(f"{task.task_id}/0", task, 0, 0)
+        calls: list[list[str]] = []
+        save = store.save_partials
+
+        def spy(partials: Any) -> None:
+            calls.append([p.episode_id for p in partials])
+            save(partials)
+
+        monkeypatch.setattr(store, "save_partials", spy)
+        async with StoreWriter(store, interval_s=60) as writer:
+            for task in TASKS[:3]:
+                writer.partial(checkpoint(task, 1))
+            writer.dropped("t0/0", 0, "test")  # t0 ends while its checkpoint waits
+            await writer.flush()
+        assert calls == [["t1/0", "t2/0"]]
+        assert store.partial("t0/0") is None and store.partial("t2/0").turn == 1
+        states = {e["episode_id"]: e["state"] for e in store.episodes()}
+        assert states == {"t0/0": "dropped", "t1/0": "paused", "t2/0": "paused"}
