@@ -128,3 +128,27 @@ def test_a_result_for_a_closed_loop_is_dropped_quietly() -> None:
     assert lane.busy == 0  # delivered to nobody, without an error in the thread
     assert asyncio.run(lane.call(lambda: 7)) == 7  # the lane serves the next loop
     lane.close()
+
+
+def test_a_call_hung_past_its_deadline_does_not_hold_up_the_exit() -> None:
+    """An executor's thread is joined at exit; a lane's is a daemon."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import asyncio, threading
+        from agentrl.lanes import ThreadLane
+
+        async def main():
+            try:
+                async with asyncio.timeout(0.2):
+                    await ThreadLane("hung").call(threading.Event().wait)
+            except TimeoutError:
+                print("timed out", flush=True)
+
+        asyncio.run(main())
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=30)  # fmt: skip
+    assert done.returncode == 0 and done.stdout.strip() == "timed out", done.stderr
