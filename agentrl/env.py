@@ -326,7 +326,7 @@ class EnvHandle:
         await self._thread(self.env.close)
 
     async def _thread(self, fn: Callable[[], Any]) -> Any:
-        if self._abandoned or (self._lane is not None and self._lane.closed):
+        if self._abandoned:
             raise RuntimeError(f"the env {self.inner!r} was closed; it takes no more calls")
         if self._lane is None:
             self._lane = ENV_THREADS.take(self._thread_name)

@@ -134,10 +134,6 @@ class ThreadLane:
         return self._shared.submitted - self._shared.finished
 
     @property
-    def closed(self) -> bool:
-        return self._closed
-
-    @property
     def thread(self) -> threading.Thread | None:
         """The worker thread (None until the first call)."""
         return self._thread

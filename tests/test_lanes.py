@@ -6,6 +6,7 @@ import asyncio
 import gc
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -37,12 +38,20 @@ async def test_calls_run_in_order_in_one_thread_and_return_or_raise() -> None:
         await lane.call(int)
 
 
-async def test_a_call_cancelled_while_waiting_never_runs() -> None:
-    lane = ThreadLane("test-lane")
+def _stuck_then_waiting(
+    lane: ThreadLane,
+) -> tuple[threading.Event, list[int], asyncio.Future[Any], asyncio.Future[Any]]:
+    """A call stuck until ``release`` is set, and one waiting behind it (appends to ``ran``)."""
     release = threading.Event()
     ran: list[int] = []
     first = asyncio.ensure_future(lane.call(release.wait, 10))
-    second = asyncio.ensure_future(lane.call(ran.append, 2))
+    second = asyncio.ensure_future(lane.call(ran.append, 1))
+    return release, ran, first, second
+
+
+async def test_a_call_cancelled_while_waiting_never_runs() -> None:
+    lane = ThreadLane("test-lane")
+    release, ran, first, second = _stuck_then_waiting(lane)
     await asyncio.sleep(0.05)
     assert lane.busy == 2
     second.cancel()
@@ -55,10 +64,7 @@ async def test_a_call_cancelled_while_waiting_never_runs() -> None:
 
 async def test_close_with_cancel_pending_lets_a_stuck_call_finish_and_cancels_the_rest() -> None:
     lane = ThreadLane("test-lane")
-    release = threading.Event()
-    ran: list[int] = []
-    stuck = asyncio.ensure_future(lane.call(release.wait, 10))
-    waiting = asyncio.ensure_future(lane.call(ran.append, 1))
+    release, ran, stuck, waiting = _stuck_then_waiting(lane)
     await asyncio.sleep(0.05)
     lane.close(cancel_pending=True)
     release.set()
