@@ -14,6 +14,11 @@ turn) need not be tokenized again. A piece is tokenized after the added token be
 (that token's id then dropped), so it sits where it sits in the full text: not at the
 start, which some pre-tokenizers treat differently (Metaspace ``prepend_scheme="first"``).
 
+The pieces are remembered per tokenizer, shared by every conversation rendered with it (a
+system prompt, its tool schemas and the template's own pieces are then tokenized once for
+the whole run, not once an episode), up to :data:`PIECE_CHARS` characters of text, then
+forgotten and remembered anew.
+
 Only where that holds for certain is it used (:meth:`RenderTokenizer.for_tokenizer` says
 None otherwise, and the caller tokenizes whole renderings as before): a fast tokenizer
 whose ``apply_chat_template`` and ``__call__`` are transformers' own, that splits special
@@ -23,32 +28,89 @@ stripping or word-boundary rule.
 
 from __future__ import annotations
 
+import contextlib
 import re
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
 from agentrl.types import Message
 
+PIECE_CHARS = 32_000_000
+"""How much piece text (characters) a tokenizer's shared memory of pieces holds before it
+is cleared (the ids kept with it take a few times that in bytes)."""
+
+
+class _Pieces:
+    """What every :class:`RenderTokenizer` of one tokenizer shares: the split at its added
+    tokens, their ids, and the pieces tokenized so far (a plain dict: reads and writes are
+    atomic, so render threads of several runners may share it)."""
+
+    def __init__(self, split: re.Pattern[str], token_ids: Mapping[str, int],
+                 vocab_size: int) -> None:  # fmt: skip
+        self.split = split
+        self.token_ids = token_ids
+        self.added_ids = frozenset(token_ids.values())
+        self.vocab_size = vocab_size
+        self.ids: dict[tuple[str, str], list[int]] = {}
+        self.chars = 0
+
+    def remember(self, key: tuple[str, str], ids: list[int]) -> None:
+        size = len(key[0]) + len(key[1])
+        if self.chars + size > PIECE_CHARS:
+            self.ids.clear()
+            self.chars = 0
+        self.ids[key] = ids
+        self.chars += size
+
+
+_SHARED: weakref.WeakKeyDictionary[Any, tuple[Any, _Pieces | None]] = weakref.WeakKeyDictionary()
+"""Per tokenizer: its set-up when analysed (vocabulary size with the added tokens,
+normalizer, pre-tokenizer), and the shared pieces (None: piecewise tokenization might
+differ for it)."""
+
 
 class RenderTokenizer:
     """Renders messages with a chat template and tokenizes the text piece by piece.
 
-    One per conversation: its memory of pieces is the conversation's own text (bounded by
-    the episode, let go with it). Not thread-safe (a conversation renders in one thread).
+    One per conversation; the memory of pieces is the tokenizer's, shared (see the module
+    doc). A conversation renders in one thread; several may share the memory.
     """
 
-    def __init__(self, tokenizer: Any, split: re.Pattern[str], token_ids: Mapping[str, int]):
+    def __init__(self, tokenizer: Any, shared: _Pieces):
         self.tokenizer = tokenizer
-        self._split = split
-        self._token_ids = token_ids
-        self._pieces: dict[tuple[str, str], list[int]] = {}
-        self._added_ids = set(token_ids.values())
-        self._vocab_size = tokenizer.backend_tokenizer.get_vocab_size(with_added_tokens=True)
+        self._split = shared.split
+        self._token_ids = shared.token_ids
+        self._shared = shared
+        self._added_ids = shared.added_ids
+        self._vocab_size = shared.vocab_size
 
     @classmethod
     def for_tokenizer(cls, tokenizer: Any) -> RenderTokenizer | None:
         """A render tokenizer for ``tokenizer``, or None where piecewise tokenization might
         differ from tokenizing the whole text (see the module doc)."""
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if (
+            backend is None
+            or backend.encode_special_tokens
+            or getattr(tokenizer, "split_special_tokens", False)
+        ):
+            return None
+        vocab_size = backend.get_vocab_size(with_added_tokens=True)
+        # What the remembered pieces depend on, besides the model itself
+        setup = (vocab_size, repr(backend.normalizer), repr(backend.pre_tokenizer))
+        try:
+            seen, shared = _SHARED[tokenizer]
+        except (KeyError, TypeError):  # TypeError: not weakly referable (not cached)
+            seen, shared = None, None
+        if seen != setup:  # not analysed yet, or changed since (tokens added, ...)
+            shared = cls._analyse(tokenizer, vocab_size)
+            with contextlib.suppress(TypeError):
+                _SHARED[tokenizer] = (setup, shared)
+        return None if shared is None else cls(tokenizer, shared)
+
+    @staticmethod
+    def _analyse(tokenizer: Any, vocab_size: int) -> _Pieces | None:
         try:
             from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
         except ImportError:  # pragma: no cover (transformers is a dependency)
@@ -77,7 +139,7 @@ class RenderTokenizer:
         # Longest first: at a given position, the alternation then takes the longest
         # token that matches there, which is the tokenizer's leftmost-longest rule.
         alternation = "|".join(re.escape(t) for t in sorted(token_ids, key=len, reverse=True))
-        return cls(tokenizer, re.compile(f"({alternation})"), token_ids)
+        return _Pieces(re.compile(f"({alternation})"), token_ids, vocab_size)
 
     def render(self, messages: list[Message], *, add_generation_prompt: bool,
                tools: list[dict[str, Any]] | None,
@@ -124,24 +186,26 @@ class RenderTokenizer:
         key's, which has none) and the piece's ids. Pieces not seen before are tokenized
         now. None where a piece does not tokenize as the module doc says (then tokenize
         the whole text)."""
-        pieces = self._pieces
+        shared = self._shared
+        remembered = shared.ids
         token_ids = self._token_ids
-        missing = list({k: None for k in keys[start:] if k[1] and k not in pieces})
-        if missing:
-            encoded = self._encode_batch([before + piece for before, piece in missing])
-            for (before, piece), ids in zip(missing, encoded, strict=True):
+        out: list[int] = []
+        for i in range(start, len(keys)):
+            key = keys[i]
+            before, piece = key
+            if i:
+                out.append(token_ids[before])
+            if not piece:
+                continue
+            ids = remembered.get(key)
+            if ids is None:
+                ids = self._encode(before + piece)
                 if before:
                     if not ids or ids[0] != token_ids[before]:
                         return None  # not as the module doc says: be exact
                     ids = ids[1:]
-                pieces[(before, piece)] = ids
-        out: list[int] = []
-        for i in range(start, len(keys)):
-            before, piece = keys[i]
-            if i:
-                out.append(token_ids[before])
-            if piece:
-                out.extend(pieces[(before, piece)])
+                shared.remember(key, ids)
+            out.extend(ids)
         return out
 
     def added_id(self, content: str) -> int | None:
@@ -157,12 +221,13 @@ class RenderTokenizer:
         out = self.tokenizer(text, add_special_tokens=False, padding=False, truncation=False)
         return list(out["input_ids"])
 
-    def _encode_batch(self, texts: list[str]) -> list[list[int]]:
-        """``tokenizer(texts, add_special_tokens=False)["input_ids"]``.
+    def _encode(self, text: str) -> list[int]:
+        """``tokenizer(text, add_special_tokens=False)["input_ids"]``.
 
         Straight to the Rust tokenizer when it is set up as that call would set it (no
         truncation, no padding, special tokens split): the call's own bookkeeping costs
-        more than encoding a short piece.
+        more than encoding a short piece. (One text at a time: ``encode_batch`` hands even
+        two short pieces to its thread pool, which costs more CPU than encoding them.)
         """
         tokenizer = self.tokenizer
         backend = tokenizer.backend_tokenizer
@@ -172,8 +237,6 @@ class RenderTokenizer:
             and not backend.encode_special_tokens
             and not tokenizer.split_special_tokens
         ):
-            # One by one: encode_batch hands even two short pieces to its thread pool,
-            # which costs more CPU than encoding them (89 us against 34 us here).
-            return [backend.encode(t, add_special_tokens=False).ids for t in texts]
-        out = tokenizer(texts, add_special_tokens=False, padding=False, truncation=False)
-        return [list(ids) for ids in out["input_ids"]]
+            return backend.encode(text, add_special_tokens=False).ids  # type: ignore[no-any-return]
+        out = tokenizer(text, add_special_tokens=False, padding=False, truncation=False)
+        return list(out["input_ids"])

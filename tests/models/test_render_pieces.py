@@ -178,3 +178,64 @@ def test_piecewise_deltas_are_the_token_deltas(
                         break
     # both paths ran (here 100 of 128 turns by pieces), so each was compared
     assert any(used) and not all(used)
+
+
+def test_conversations_of_one_tokenizer_share_their_pieces(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A second conversation tokenizes only text the first did not (its system prompt and
+    the template's pieces are remembered); the memory is cleared when full, and a
+    tokenizer changed since (a token added, another normalizer) is analysed anew."""
+    import agentrl.chat.rendering as rendering
+
+    tok = build_tokenizer(family("qwen2.5"))
+    encoded: list[str] = []
+    original = RenderTokenizer._encode
+
+    def spy(self: RenderTokenizer, text: str) -> list[int]:
+        encoded.append(text)
+        return original(self, text)
+
+    monkeypatch.setattr(RenderTokenizer, "_encode", spy)
+    system = {"role": "system", "content": "You add numbers with the add tool. " * 20}
+
+    def first_ids(content: str) -> list[int]:
+        messages = [system, {"role": "user", "content": content}]
+        conv = Conversation(tok, messages, tools=[ADD_SCHEMA])
+        whole = tok.apply_chat_template(messages, tools=[ADD_SCHEMA], add_generation_prompt=True,
+                                        tokenize=True, return_dict=True)["input_ids"]  # fmt: skip
+        assert conv.token_ids == list(whole)
+        return conv.token_ids
+
+    first_ids("What is 2 + 3?")
+    assert any("You add numbers" in t for t in encoded)
+    encoded.clear()
+    first_ids("What is 4 + 4?")
+    assert encoded and all("You add numbers" not in t for t in encoded), encoded
+    assert any("4 + 4" in t for t in encoded)
+
+    # full: cleared at the next new piece (after the system prompt, found), so the
+    # conversation after that tokenizes the system prompt again
+    monkeypatch.setattr(rendering, "PIECE_CHARS", 50)
+    first_ids("What is 5 + 5?")
+    encoded.clear()
+    first_ids("What is 6 + 6?")
+    assert any("You add numbers" in t for t in encoded)
+    monkeypatch.setattr(rendering, "PIECE_CHARS", 32_000_000)
+
+    # a token added since: analysed anew, and the new token is split out
+    renderer = RenderTokenizer.for_tokenizer(tok)
+    tok.add_tokens(["<new_token>"], special_tokens=True)
+    again = RenderTokenizer.for_tokenizer(tok)
+    assert renderer is not None and again is not None
+    assert again._shared is not renderer._shared
+    assert tok.convert_tokens_to_ids("<new_token>") in first_ids("say <new_token>")
+
+    # another normalizer: the pieces remembered under the old one are not reused
+    from tokenizers import normalizers
+
+    before = RenderTokenizer.for_tokenizer(tok)
+    tok.backend_tokenizer.normalizer = normalizers.Lowercase()
+    after = RenderTokenizer.for_tokenizer(tok)
+    assert before is not None and after is not None and after._shared is not before._shared
+    first_ids("What is 2 + 3? SHOUT")
