@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from agentrl.chat.rendering import RenderTokenizer
+from agentrl.chat.rendering import RenderTokenizer, decode
 from agentrl.types import NO_VERSION, Message, PartialEpisode, SegmentArrays, SpanKind, TokenSpan
 
 
@@ -225,7 +225,7 @@ class Conversation:
         ids = list(token_ids)
         if ids and ids[-1] in self.end_of_turn_ids:
             ids = ids[:-1]
-        return self.tokenizer.decode(ids, skip_special_tokens=False)
+        return decode(self.tokenizer, ids)
 
     def add_sampled(
         self, token_ids: Sequence[int], logprobs: Sequence[float], versions: Sequence[int]

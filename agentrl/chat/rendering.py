@@ -240,3 +240,31 @@ class RenderTokenizer:
             return backend.encode(text, add_special_tokens=False).ids  # type: ignore[no-any-return]
         out = tokenizer(text, add_special_tokens=False, padding=False, truncation=False)
         return list(out["input_ids"])
+
+
+_OWN_DECODE: dict[type, bool] = {}
+_INT = {int}
+
+
+def decode(tokenizer: Any, ids: list[int]) -> str:
+    """``tokenizer.decode(ids, skip_special_tokens=False)`` for a list of ints.
+
+    Straight to ``_decode`` where ``decode`` is transformers' own: for a flat list of
+    ints it only checks every element and copies the list first (decoding a 32-token turn
+    cost 6 us against 3, a 256-token one 37 against 20).
+    """
+    kind = type(tokenizer)
+    own = _OWN_DECODE.get(kind)
+    if own is None:
+        try:
+            from transformers import PreTrainedTokenizerBase
+        except ImportError:  # pragma: no cover (transformers is a dependency)
+            own = False
+        else:
+            own = kind.decode is PreTrainedTokenizerBase.decode and callable(
+                getattr(kind, "_decode", None)
+            )
+        _OWN_DECODE[kind] = own
+    if own and set(map(type, ids)) <= _INT:
+        return str(tokenizer._decode(ids, skip_special_tokens=False))
+    return str(tokenizer.decode(ids, skip_special_tokens=False))

@@ -239,3 +239,27 @@ def test_conversations_of_one_tokenizer_share_their_pieces(
     after = RenderTokenizer.for_tokenizer(tok)
     assert before is not None and after is not None and after._shared is not before._shared
     first_ids("What is 2 + 3? SHOUT")
+
+
+def test_decode_is_the_tokenizers_decode(tokenizers: dict[str, Any]) -> None:
+    """The shortcut to ``_decode`` gives what ``decode(ids, skip_special_tokens=False)``
+    does (every family, special tokens and odd bytes included); a tokenizer whose class
+    overrides ``decode`` gets its own."""
+    from agentrl.chat.rendering import decode
+
+    rng = random.Random(1)
+    for name, tok in tokenizers.items():
+        size = tok.backend_tokenizer.get_vocab_size(with_added_tokens=True)
+        for n in (0, 1, 5, 64):
+            ids = [rng.randrange(size) for _ in range(n)]
+            assert decode(tok, ids) == tok.decode(ids, skip_special_tokens=False), (name, ids)
+
+    tok = build_tokenizer(family("qwen2.5"))
+
+    class Shouting(type(tok)):  # type: ignore[misc]
+        def decode(self, token_ids: Any, skip_special_tokens: bool = False, **kw: Any) -> str:
+            return str(super().decode(token_ids, skip_special_tokens, **kw)).upper()
+
+    tok.__class__ = Shouting
+    ids = tok.encode("hello there", add_special_tokens=False)
+    assert decode(tok, ids) == "HELLO THERE"
