@@ -238,6 +238,17 @@ def _step_limit(env: gym.Env[Any, Any]) -> int | None:
     return getattr(getattr(env, "spec", None), "max_episode_steps", None)
 
 
+def _closes_nothing(env: Any) -> bool:
+    """Whether ``env.close()`` does nothing: every wrapper's ``close`` is Gymnasium's (it
+    only closes the env under it) and the env's own is ``gym.Env.close`` (which does
+    nothing)."""
+    while isinstance(env, gym.Wrapper):
+        if type(env).close is not gym.Wrapper.close:
+            return False
+        env = env.env
+    return isinstance(env, gym.Env) and type(env).close is gym.Env.close
+
+
 class EnvHandle:
     """How the rollout engine drives one env without ever blocking its event loop.
 
@@ -315,6 +326,8 @@ class EnvHandle:
         aclose = getattr(self.inner, "aclose", None)
         if self.is_async and callable(aclose):
             await aclose()
+            return
+        if _closes_nothing(self.env):  # no thread hop for a call that does nothing
             return
         if self._lane is not None and self._lane.busy:  # stuck in a call past its deadline
             spare = ThreadLane(f"{self._thread_name}-close")

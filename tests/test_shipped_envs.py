@@ -209,6 +209,41 @@ async def test_a_closed_env_hands_its_thread_to_the_next_unless_a_call_hung() ->
     assert ENV_THREADS.drain() >= 1 and ENV_THREADS.idle() == 0  # idle ones can be let go
 
 
+async def test_close_runs_in_the_envs_thread_unless_it_does_nothing() -> None:
+    """An env whose own ``close`` (or a wrapper's) does something is closed in its thread;
+    one whose ``close`` is Gymnasium's no-op (wrappers that only pass it on) is not sent
+    there at all."""
+
+    class Closing(CountdownEnv):
+        def __init__(self) -> None:
+            super().__init__()
+            self.closed_in: int | None = None
+
+        def close(self) -> None:
+            self.closed_in = threading.get_ident()
+
+    class Noting(gym.Wrapper):  # type: ignore[type-arg]
+        closed_in: int | None = None
+
+        def close(self) -> None:
+            Noting.closed_in = threading.get_ident()
+            super().close()
+
+    for env, where in ((Closing(), lambda h: h.inner.closed_in),
+                       (Noting(gym.make("agentrl/GuessNumber-v0")), lambda h: Noting.closed_in)):
+        handle = EnvHandle(env)
+        await handle.close()
+        assert where(handle) is not None and where(handle) != threading.get_ident()
+        assert handle._lane is not None and handle._lane.thread is not None
+        handle.abandon()
+
+    quiet = EnvHandle(make_env("agentrl/GuessNumber-v0"))
+    assert type(quiet.inner).close is gym.Env.close
+    await quiet.close()
+    assert quiet._lane is None  # no thread was taken for it
+    quiet.abandon()
+
+
 def test_async_env_passes_both_checkers_through_its_sync_form() -> None:
     register_env("tests/Countdown-v0", CountdownEnv, max_episode_steps=2)
     assert all(r.passed for r in check_env("tests/Countdown-v0"))

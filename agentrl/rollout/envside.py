@@ -88,7 +88,7 @@ class EnvCalls:
         """Close the env under the env deadline; a failing close must not lose the episode."""
         assert ep.handle is not None
         error = None
-        if ep.toolset is not None:  # the episode's tool sessions (MCP), before the env
+        if ep.toolset is not None and ep.toolset.holds_sessions:  # MCP sessions, before the env
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.config.env_timeout_s):
                     await ep.toolset.aclose()

@@ -173,6 +173,11 @@ class ToolSet:
     def schemas(self) -> list[dict[str, Any]]:
         return [t.schema for t in self.tools.values()]
 
+    @property
+    def holds_sessions(self) -> bool:
+        """Whether a tool holds something to close (:meth:`aclose` has work to do)."""
+        return any(callable(getattr(t, "aclose", None)) for t in self.tools.values())
+
     async def aclose(self) -> None:
         """Close what the tools hold for this episode (an MCP session); never raises."""
         for tool in self.tools.values():
