@@ -229,8 +229,10 @@ async def test_close_runs_in_the_envs_thread_unless_it_does_nothing() -> None:
             Noting.closed_in = threading.get_ident()
             super().close()
 
-    for env, where in ((Closing(), lambda h: h.inner.closed_in),
-                       (Noting(gym.make("agentrl/GuessNumber-v0")), lambda h: Noting.closed_in)):
+    for env, where in (
+        (Closing(), lambda h: h.inner.closed_in),
+        (Noting(gym.make("agentrl/GuessNumber-v0")), lambda h: Noting.closed_in),
+    ):
         handle = EnvHandle(env)
         await handle.close()
         assert where(handle) is not None and where(handle) != threading.get_ident()
