@@ -269,14 +269,20 @@ class EnvHandle:
     async def build(cls, make: Callable[..., Any], env_id: str, kwargs: dict[str, Any], *,
                     thread_name: str = "agentrl-env") -> EnvHandle:  # fmt: skip
         """``make(env_id, **kwargs)`` in the env's own worker thread (constructors may do
-        I/O too), wrapped; the thread goes with the handle, or is let go if ``make`` fails."""
+        I/O too), wrapped; the thread goes with the handle of a sync env, back for the next
+        env at once for an async one (its calls are awaited on the loop: then only envs
+        being built hold threads, not every env alive), or is let go if ``make`` fails."""
         lane = ENV_THREADS.take(thread_name)
         try:
             env = await lane.call(functools.partial(make, env_id, **kwargs))
         except BaseException:  # make may still be running (cancelled, timed out)
             lane.close(cancel_pending=True)
             raise
-        return cls(env, lane, thread_name=thread_name)
+        handle = cls(env, lane, thread_name=thread_name)
+        if handle.is_async:  # a close that does something takes one again
+            handle._lane = None
+            ENV_THREADS.give_back(thread_name, lane)
+        return handle
 
     def __init__(self, env: gym.Env[Any, Any], lane: ThreadLane | None = None,
                  *, thread_name: str = "agentrl-env") -> None:  # fmt: skip

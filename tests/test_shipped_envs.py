@@ -246,6 +246,34 @@ async def test_close_runs_in_the_envs_thread_unless_it_does_nothing() -> None:
     quiet.abandon()
 
 
+async def test_an_async_env_hands_its_thread_back_once_built() -> None:
+    """An async env is built in a worker thread (constructors may block) but awaited on
+    the loop, so its thread goes back at once: envs alive at once do not hold a thread
+    each; a sync env keeps its own."""
+    register_env("tests/Countdown-v0", CountdownEnv, max_episode_steps=2)
+    name = "tests-async-build"
+    built_in: list[int] = []
+
+    def make(env_id: str, **kwargs: Any) -> Any:
+        built_in.append(threading.get_ident())
+        return make_env(env_id, **kwargs)
+
+    first = await EnvHandle.build(make, "tests/Countdown-v0", {}, thread_name=name)
+    second = await EnvHandle.build(make, "tests/Countdown-v0", {}, thread_name=name)
+    assert first.is_async and first._lane is None and second._lane is None
+    assert built_in[0] == built_in[1] != threading.get_ident()  # one thread, both alive
+    await first.reset(seed=1)
+    await first.step("nonsense")
+    sync = await EnvHandle.build(make, "agentrl/GuessNumber-v0", {}, thread_name=name)
+    assert built_in[2] == built_in[0] and sync._lane is not None  # it keeps the thread
+    third = await EnvHandle.build(make, "tests/Countdown-v0", {}, thread_name=name)
+    assert built_in[3] != built_in[0]  # that one is the sync env's now
+    for handle in (first, second, sync, third):
+        await handle.close()
+        handle.abandon()
+    assert ENV_THREADS.drain() >= 2
+
+
 def test_async_env_passes_both_checkers_through_its_sync_form() -> None:
     register_env("tests/Countdown-v0", CountdownEnv, max_episode_steps=2)
     assert all(r.passed for r in check_env("tests/Countdown-v0"))
