@@ -107,6 +107,48 @@ def test_trajectories_and_checkpoints_round_trip_exactly(tmp_path: Path, tokeniz
         assert store.integrity_check() == "ok"
 
 
+def test_a_tasks_position_is_found_by_index_in_new_and_older_stores(tmp_path: Path) -> None:
+    """Adding a task reads the largest position through an index (it scanned the whole
+    tasks table, every task), in a new store and in one made before the index existed
+    (given it when opened); a store that cannot be written still opens as it is."""
+
+    def plan(path: Path) -> str:
+        db = sqlite3.connect(path)
+        rows = db.execute("EXPLAIN QUERY PLAN SELECT MAX(position) FROM tasks").fetchall()
+        db.close()
+        return " ".join(str(r[-1]) for r in rows)
+
+    new = tmp_path / "new.db"
+    EpisodeStore.open(new).close()
+    assert "tasks_by_position" in plan(new)
+
+    older = tmp_path / "older.db"
+    store = EpisodeStore.open(older)
+    store.add_tasks([Task("a", "tests/Counter-v0", 1)], 1)
+    store.close()
+    db = sqlite3.connect(older)
+    db.execute("DROP INDEX tasks_by_position")
+    db.close()
+    assert "tasks_by_position" not in plan(older)
+    store = EpisodeStore.open(older)
+    assert store.add_tasks([Task("b", "tests/Counter-v0", 2)], 1) == 1
+    assert [t.task_id for t in store.tasks()] == ["a", "b"]
+    store.close()
+    assert "tasks_by_position" in plan(older)
+
+    # a store that cannot be written (read-only media, another owner): opened as it is
+    from agentrl.store.schema import _prepare
+
+    db = sqlite3.connect(older)
+    db.execute("DROP INDEX tasks_by_position")
+    db.close()
+    readonly = sqlite3.connect(f"file:{older}?mode=ro", uri=True)
+    _prepare(readonly, older, SCHEMA_VERSION)
+    assert readonly.execute("SELECT COUNT(*) FROM tasks").fetchone() == (2,)
+    readonly.close()
+    assert "tasks_by_position" not in plan(older)
+
+
 def test_the_store_refuses_what_it_cannot_read(tmp_path: Path) -> None:
     path = tmp_path / "episodes.db"
     EpisodeStore.open(path).close()

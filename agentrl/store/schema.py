@@ -14,6 +14,7 @@ It does not read or write rows itself; :class:`~agentrl.store.EpisodeStore` does
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import sqlite3
@@ -60,6 +61,7 @@ CREATE TABLE IF NOT EXISTS tasks (
     group_size INTEGER NOT NULL,
     state TEXT NOT NULL DEFAULT 'pending'
 );
+CREATE INDEX IF NOT EXISTS tasks_by_position ON tasks(position);
 CREATE TABLE IF NOT EXISTS episodes (
     episode_id TEXT NOT NULL,
     attempt INTEGER NOT NULL,
@@ -120,6 +122,9 @@ CREATE TABLE IF NOT EXISTS versions (
     stats TEXT NOT NULL
 );
 """
+
+INDEXES_ADDED = "CREATE INDEX IF NOT EXISTS tasks_by_position ON tasks(position)"
+"""Indexes created in a store made before they were part of :data:`SCHEMA_SQL`."""
 
 ARRAY_DTYPES = {"token_ids": "int32", "logprobs": "float32", "versions": "int32",
                 "loss_mask": "int8"}  # fmt: skip
@@ -182,6 +187,10 @@ def _prepare(db: sqlite3.Connection, path: Path, version: int) -> None:
     db.execute("PRAGMA synchronous = NORMAL")
     db.execute("PRAGMA foreign_keys = ON")
     if version != 0:
+        # Added after schema 1 was out (older agentrl reads a store with it as before):
+        # without it, every task added scanned the whole tasks table for its position.
+        with contextlib.suppress(sqlite3.OperationalError):  # a read-only store: as it is
+            db.execute(INDEXES_ADDED)
         return
     tables = db.execute("SELECT name FROM sqlite_master WHERE type='table'").fetchall()
     if tables:
