@@ -16,7 +16,10 @@ Platform through rollout workers: the same, the episodes in ``--workers`` worker
 processes (:mod:`agentrl.rollout.workers`) against the same engine in this process.
 
 They alternate ``--rounds`` times after a warm-up; the table gives the median tokens/s
-of each and the ratio (target: at least 0.95).
+of each and the ratio (target: at least 0.95), and the CPU time this process (the one
+running the engine's client, and the platform's loop, render thread and store writer)
+spent in a round, each way. On a machine with few cores the engine's own process
+competes with that CPU, so the difference is where the platform's overhead comes from.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from benchmarks.common import save, table
 
 
 async def raw_round(client, prompts: list[list[int]], reply: list[int], turns: int,
-                    tokens: int) -> tuple[int, float]:  # fmt: skip
+                    tokens: int) -> tuple[int, float, float]:  # fmt: skip
     from vllm import SamplingParams
     from vllm.inputs.engine import tokens_input
     from vllm.sampling_params import RequestOutputKind
@@ -59,16 +62,17 @@ async def raw_round(client, prompts: list[list[int]], reply: list[int], turns: i
             if turn < turns - 1:
                 ids += reply
 
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     async with asyncio.TaskGroup() as tg:
         for i, prompt in enumerate(prompts):
             tg.create_task(episode(i, prompt))
-    return sampled, time.perf_counter() - t0
+    return sampled, time.perf_counter() - t0, time.process_time() - cpu0
 
 
 async def platform_round(client, tokenizer, episodes: int, turns: int, tokens: int, seed: int,
-                         store_dir: Path, workers=None) -> tuple[int, float]:  # fmt: skip
-    """The platform's episodes; through ``workers`` (a started ``WorkerRunner``) if given."""
+                         store_dir: Path, workers=None) -> tuple[int, float, float]:  # fmt: skip
+    """The platform's episodes; through ``workers`` (a started ``WorkerRunner``) if given.
+    Returns the tokens sampled, the wall time and this process's CPU time (every thread)."""
     from agentrl.queue import TrajectoryQueue
     from agentrl.rollout import EpisodeRunner, RolloutConfig, Scheduler, tasks_for
     from agentrl.store import EpisodeStore, StoreWriter
@@ -85,13 +89,13 @@ async def platform_round(client, tokenizer, episodes: int, turns: int, tokens: i
         scheduler = Scheduler(runner, queue, RolloutConfig(concurrency=episodes, group_size=1),
                               writer=writer)  # fmt: skip
         tasks = list(tasks_for("bench/Echo-v0", episodes, first_seed=seed, turns=turns))
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         await scheduler.run(tasks)
         await writer.flush()
-        wall = time.perf_counter() - t0
+        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     sampled = sum(int(t.loss_mask.sum()) for g in queue._groups for t in g.trajectories)
     store.close()
-    return sampled, wall
+    return sampled, wall, cpu
 
 
 async def main_async(args: argparse.Namespace) -> dict:
@@ -116,7 +120,9 @@ async def main_async(args: argparse.Namespace) -> dict:
     reply, _ = conv.delta_for([{"role": "user", "content": "ok"}])
     config = InferenceConfig(max_model_len=1024, max_num_seqs=256)
     raw, plat = [], []
+    raw_cpu, plat_cpu = [], []
     by_workers: dict[int, list[float]] = {n: [] for n in args.workers}
+    workers_cpu: dict[int, list[float]] = {n: [] for n in args.workers}
     with tempfile.TemporaryDirectory() as tmp:
         async with await VLLMEngineClient.start(path, config) as client:
             pools = {}
@@ -131,20 +137,25 @@ async def main_async(args: argparse.Namespace) -> dict:
                     await platform_round(client, tokenizer, 8, args.turns, args.tokens, 0,
                                          Path(tmp) / f"w{n}", pool)  # fmt: skip
                 for r in range(args.rounds):
-                    n, wall = await raw_round(client, prompts, reply, args.turns, args.tokens)
+                    n, wall, cpu = await raw_round(client, prompts, reply, args.turns,
+                                                   args.tokens)  # fmt: skip
                     raw.append(n / wall)
-                    n2, wall2 = await platform_round(client, tokenizer, args.episodes,
-                                                     args.turns, args.tokens, 0,
-                                                     Path(tmp) / f"r{r}")  # fmt: skip
+                    raw_cpu.append(cpu)
+                    n2, wall2, cpu2 = await platform_round(client, tokenizer, args.episodes,
+                                                           args.turns, args.tokens, 0,
+                                                           Path(tmp) / f"r{r}")  # fmt: skip
                     plat.append(n2 / wall2)
+                    plat_cpu.append(cpu2)
                     assert n == n2 == args.episodes * args.turns * args.tokens, (n, n2)
                     line = f"  round {r + 1}: raw {raw[-1]:,.0f} tok/s, platform {plat[-1]:,.0f}"
                     for k, pool in pools.items():
-                        n3, wall3 = await platform_round(client, tokenizer, args.episodes,
-                                                         args.turns, args.tokens, 0,
-                                                         Path(tmp) / f"r{r}w{k}", pool)  # fmt: skip
+                        n3, wall3, cpu3 = await platform_round(
+                            client, tokenizer, args.episodes, args.turns, args.tokens, 0,
+                            Path(tmp) / f"r{r}w{k}", pool,
+                        )  # fmt: skip
                         assert n3 == n, (n, n3)
                         by_workers[k].append(n3 / wall3)
+                        workers_cpu[k].append(cpu3)
                         line += f", {k} workers {by_workers[k][-1]:,.0f}"
                     print(line + " tok/s", flush=True)
             finally:
@@ -152,10 +163,13 @@ async def main_async(args: argparse.Namespace) -> dict:
                     await pool.close()
     raw_m, plat_m = statistics.median(raw), statistics.median(plat)
     workers = {str(k): {"tokens_per_s": statistics.median(v),
-                        "ratio": statistics.median(v) / raw_m, "rounds": v}
+                        "ratio": statistics.median(v) / raw_m, "rounds": v,
+                        "main_cpu_ms_per_round": statistics.median(workers_cpu[k]) * 1000}
                for k, v in by_workers.items() if v}  # fmt: skip
     return {"raw_tokens_per_s": raw_m, "platform_tokens_per_s": plat_m,
             "ratio": plat_m / raw_m, "raw_rounds": raw, "platform_rounds": plat,
+            "raw_cpu_ms_per_round": statistics.median(raw_cpu) * 1000,
+            "platform_cpu_ms_per_round": statistics.median(plat_cpu) * 1000,
             "workers": workers,
             "tokens_per_round": args.episodes * args.turns * args.tokens}  # fmt: skip
 
@@ -188,14 +202,21 @@ def main(argv: list[str] | None = None) -> dict:
           f"tokens, {args.rounds} rounds each way", flush=True)  # fmt: skip
     result = asyncio.run(main_async(args))
     rows = [
-        ["raw AsyncLLM", result["raw_tokens_per_s"], 1.0],
-        ["agentrl episode loop + store", result["platform_tokens_per_s"], result["ratio"]],
-    ]
+        ["raw AsyncLLM", result["raw_tokens_per_s"], 1.0, result["raw_cpu_ms_per_round"]],
+        ["agentrl episode loop + store", result["platform_tokens_per_s"], result["ratio"],
+         result["platform_cpu_ms_per_round"]],
+    ]  # fmt: skip
     for k, w in result["workers"].items():
         rows.append([f"agentrl, {k} rollout worker processes + store", w["tokens_per_s"],
-                     w["ratio"]])  # fmt: skip
+                     w["ratio"], w["main_cpu_ms_per_round"]])  # fmt: skip
     md = "### Platform overhead against raw vLLM (same tokens, same concurrency)\n\n" + table(
-        ["path", "tokens/s (median)", "ratio"], rows
+        ["path", "tokens/s (median)", "ratio", "this process's CPU ms a round (median)"], rows
+    )
+    turns = args.episodes * args.turns
+    extra = (result["platform_cpu_ms_per_round"] - result["raw_cpu_ms_per_round"]) / turns
+    md += (
+        f"\n\nThe episode loop's CPU beyond raw vLLM's client: {extra * 1000:,.0f} us a turn "
+        f"({turns} turns a round), in the process the engine's client runs in."
     )
     best = max([result["ratio"], *(w["ratio"] for w in result["workers"].values())])
     md += (f"\n\nTarget: ratio >= 0.95. One loop: {'met' if result['ratio'] >= 0.95 else 'NOT met'}"
