@@ -34,3 +34,32 @@ async def test_missing_model_path_is_a_clear_error(tmp_path: Path) -> None:
         await VLLMEngineClient.start(str(tmp_path / "no-such-model"))
     with pytest.raises(ModelNotFoundError, match=r"no config\.json"):
         await VLLMEngineClient.start(str(tmp_path))
+
+
+async def test_tokens_stream_in_steps_and_an_abort_cut_between_them_loses_none(
+    client: VLLMEngineClient,
+) -> None:
+    """Outputs come every STREAM_INTERVAL tokens (the first at once); an abort between two
+    of them still hands back every token sampled, the same as the uncut generation's."""
+    import asyncio
+
+    from agentrl.inference.base import SamplingConfig
+    from agentrl.inference.engine import STREAM_INTERVAL
+    from tests.inference.client_contract import PROMPT, long_greedy
+
+    full = await long_greedy(client, "steps-full")
+    seen: list[int] = []
+    task = asyncio.create_task(
+        client.generate(PROMPT, SamplingConfig(max_tokens=200, temperature=0.0), "steps")
+    )
+    await asyncio.sleep(0)  # the request is in flight
+    while len(seen) < 3 and not task.done():
+        seen.append(await client.requests.wait_for_tokens("steps", (seen[-1] if seen else 0) + 1))
+    assert seen[:3] == [1, 1 + STREAM_INTERVAL, 1 + 2 * STREAM_INTERVAL], seen
+    await asyncio.sleep(0.05)  # the engine samples on past the last output sent
+    partial = await client.abort("steps")
+    assert partial is not None and partial.finish_reason == "abort"
+    n = len(partial.token_ids)
+    assert n >= seen[-1] and len(partial.logprobs) == n
+    assert partial.token_ids == full.token_ids[:n]
+    assert partial.logprobs == pytest.approx(full.logprobs[:n], abs=1e-4)
