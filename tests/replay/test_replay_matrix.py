@@ -69,8 +69,10 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     imports = [LEDGER] if env == "user" else []
     if kind == "rollout":
         # Far more episodes than it runs before the kill: 24 took 3 s in fresh-clone CI,
-        # over before a look at the store (every 0.1 s) saw both kinds.
-        args = [AGENTRL, "rollout", ENVS[env], "--episodes", "400", "--group-size", "2",
+        # over before a look at the store (every 0.1 s) saw both kinds, and 400 took 13 s
+        # in another, with no look seeing both. 4,000 take minutes; the kill comes at the
+        # first look that sees both (seconds into the rollout).
+        args = [AGENTRL, "rollout", ENVS[env], "--episodes", "4000", "--group-size", "2",
                 "--concurrency", "8", "--max-turns", "4", "--max-tokens", "16",
                 "--out", str(out), *(a for i in imports for a in ("--import", i))]  # fmt: skip
     else:
@@ -85,17 +87,30 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     return Run(kind, env, out, environ)
 
 
-def _both(out: Path) -> bool:
+def _both(out: Path, looks: list[str] | None = None) -> bool:
     """The store holds an ended episode of two or more turns and a durable checkpoint
-    of an unfinished one."""
+    of an unfinished one. What it saw (and how long the look took) is appended to
+    ``looks``, for the message of a run that never held both."""
+    started = time.monotonic()
     if not (out / "episodes.db").exists():
-        return False
-    try:
-        with EpisodeStore.open(out, create=False) as store:
-            ended = any(len(t.turn_starts) >= 2 for t in store.all_trajectories())
-            return ended and bool(store.partials())
-    except Exception:  # the schema may not be written yet
-        return False
+        seen = "no store yet"
+    else:
+        try:
+            with EpisodeStore.open(out, create=False) as store:
+                ended = sum(len(t.turn_starts) >= 2 for t in store.all_trajectories())
+                partials = len(store.partials())
+            seen = f"{ended} ended of 2+ turns, {partials} unfinished"
+        except Exception as e:  # the schema may not be written yet
+            seen, ended, partials = f"{type(e).__name__}: {e}", 0, 0
+        if ended and partials:
+            return _seen(looks, seen, started, True)
+    return _seen(looks, seen, started, False)
+
+
+def _seen(looks: list[str] | None, seen: str, started: float, both: bool) -> bool:
+    if looks is not None:
+        looks.append(f"{seen} ({time.monotonic() - started:.2f} s)")
+    return both
 
 
 def _kill_once_ended_and_unfinished(proc: Proc, out: Path) -> None:
@@ -109,12 +124,15 @@ def _kill_once_ended_and_unfinished(proc: Proc, out: Path) -> None:
     fresh-clone CI run found 4 ended episodes and no checkpoint). Stopped, it writes
     nothing more, so what the second look saw is what the store keeps."""
     deadline = time.monotonic() + 600
+    looks: list[str] = []
     while True:
-        assert proc.poll() is None, f"the run ended before it held both kinds: {proc.tail()}"
-        assert time.monotonic() < deadline, "no ended and unfinished episodes in 600 s"
-        if _both(out):
+        said = f"{len(looks)} looks, the last: {looks[-8:]}"
+        ended = proc.poll() is not None
+        assert not ended, f"the run ended before it held both kinds ({said}): {proc.tail()}"
+        assert time.monotonic() < deadline, f"no ended and unfinished episodes in 600 s ({said})"
+        if _both(out, looks):
             os.kill(proc.pid, signal.SIGSTOP)
-            if _both(out):
+            if _both(out, looks):
                 os.kill(proc.pid, signal.SIGKILL)
                 return
             os.kill(proc.pid, signal.SIGCONT)
