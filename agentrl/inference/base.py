@@ -36,6 +36,19 @@ __all__ = [
 FinishReason = Literal["stop", "length", "abort"]
 
 
+STREAM_INTERVAL = 16
+"""Sampled tokens vLLM gathers into each streamed output of a request (its first and last
+outputs come at once), in both clients: the in-process engine's (``SamplingParams``) and
+``vllm serve``'s (the request's ``stream_interval``). Every output costs this process,
+beside the episode loop, a pass of the loop and (in-process) a ``RequestOutput`` or
+(served) a JSON chunk to read. What it changes: a running request's token count
+(``requests.sampled``, ``wait_for_tokens``) moves in steps of this many. An abort keeps
+every token the client was sent: in-process that is every token sampled (vLLM's final
+output carries those not sent yet); served, the stream is closed, and up to this many
+tokens the server sampled but had not sent are not kept (the episode goes on from the
+tokens it holds, an exact prefix, so only their sampling is repeated)."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class SamplingConfig:
     """Sampling parameters for one generation call."""

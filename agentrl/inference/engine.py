@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentrl.errors import EngineError, EngineStartupError, WeightSyncError
 from agentrl.inference.base import (
+    STREAM_INTERVAL,
     Generation,
     InferenceConfig,
     SamplingConfig,
@@ -37,16 +38,6 @@ if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
 
 logger = logging.getLogger(__name__)
-
-STREAM_INTERVAL = 16
-"""Sampled tokens vLLM gathers into each streamed output of a request (its first and last
-outputs come at once). Every output costs the engine's client (in this process, beside
-the episode loop) a ``RequestOutput`` and a pass of the loop: streaming every token (and
-deep-copying each request's sampling parameters, 16 us) cost a 64-episode
-``bench_overhead`` round 248-270 ms of this process's CPU against 215-216. What it
-changes: a running request's token count (``requests.sampled``, ``wait_for_tokens``)
-moves in steps of this many. An abort still hands back every token sampled (vLLM's final
-output carries those not sent yet)."""
 
 
 class VLLMEngineClient(VLLMClientBase):

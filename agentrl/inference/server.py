@@ -5,8 +5,9 @@ and a free port, waits for ``/health`` with a deadline, and stops exactly the
 processes it started (the server and the engine processes it spawned, by PID).
 
 :class:`VLLMServerClient` speaks tokens over aiohttp: ``/v1/completions`` with a
-token-id prompt, ``return_token_ids`` and one logprob per sampled token, streamed so
-an abort (closing the stream) keeps what was already sampled. Weight updates use the
+token-id prompt, ``return_token_ids`` and one logprob per sampled token, streamed (a
+chunk every :data:`~agentrl.inference.base.STREAM_INTERVAL` tokens) so an abort (closing
+the stream) keeps what was already sent. Weight updates use the
 dev-mode routes (``VLLM_SERVER_DEV_MODE=1``): ``/pause``, ``/collective_rpc``
 (``reload_weights``), ``/reset_prefix_cache``, ``/update_weight_version``, ``/resume``;
 LoRA adapters load through ``/v1/load_lora_adapter``.
@@ -37,6 +38,7 @@ from agentrl.errors import (
     WeightSyncError,
 )
 from agentrl.inference.base import (
+    STREAM_INTERVAL,
     Generation,
     InferenceConfig,
     SamplingConfig,
@@ -329,6 +331,7 @@ class VLLMServerClient(VLLMClientBase):
             "return_token_ids": True,
             "skip_special_tokens": False,
             "request_id": request_id,
+            "stream_interval": STREAM_INTERVAL,
         }
         version = self._version
         self._inflight.start(request_id)

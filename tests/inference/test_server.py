@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -10,9 +11,9 @@ import pytest
 import pytest_asyncio
 
 from agentrl.errors import EngineStartupError
-from agentrl.inference.base import InferenceConfig
+from agentrl.inference.base import STREAM_INTERVAL, InferenceConfig, SamplingConfig
 from agentrl.inference.server import VLLMServer, VLLMServerClient
-from tests.inference.client_contract import ClientContract
+from tests.inference.client_contract import PROMPT, ClientContract, long_greedy
 
 pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module")]
 
@@ -71,3 +72,31 @@ async def test_server_that_dies_at_startup_shows_its_log(tmp_path: Path) -> None
     (broken / "model.safetensors").write_bytes(b"not weights")  # passes agentrl's checks
     with pytest.raises(EngineStartupError, match="exited with code"):
         await VLLMServer.start(str(broken), InferenceConfig(), log_dir=tmp_path)
+
+
+async def test_tokens_stream_in_steps_and_an_abort_keeps_an_exact_prefix(
+    client: VLLMServerClient,
+) -> None:
+    """The server sends every STREAM_INTERVAL tokens (the first at once); an abort closes
+    the stream and keeps what was sent, the uncut generation's prefix, from which the
+    generation goes on to the same tokens."""
+    full = await long_greedy(client, "steps-full")
+    task = asyncio.create_task(
+        client.generate(PROMPT, SamplingConfig(max_tokens=200, temperature=0.0), "steps")
+    )
+    await asyncio.sleep(0)  # the request is in flight
+    seen: list[int] = []
+    while len(seen) < 3 and not task.done():
+        seen.append(await client.requests.wait_for_tokens("steps", (seen[-1] if seen else 0) + 1))
+    assert seen[:3] == [1, 1 + STREAM_INTERVAL, 1 + 2 * STREAM_INTERVAL], seen
+    streamed = client.requests.sampled("steps")
+    partial = await client.abort("steps")
+    assert partial is not None and partial.finish_reason == "abort" and partial == await task
+    n = len(partial.token_ids)
+    assert streamed <= n < len(full.token_ids) and len(partial.logprobs) == n
+    assert partial.token_ids == full.token_ids[:n]
+    rest = await client.generate(
+        PROMPT + list(partial.token_ids), SamplingConfig(max_tokens=200 - n, temperature=0.0),
+        "steps-resume",
+    )  # fmt: skip
+    assert partial.token_ids + rest.token_ids == full.token_ids
