@@ -7,6 +7,7 @@ import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 import pytest_asyncio
 
@@ -100,3 +101,28 @@ async def test_tokens_stream_in_steps_and_an_abort_keeps_an_exact_prefix(
         "steps-resume",
     )  # fmt: skip
     assert partial.token_ids + rest.token_ids == full.token_ids
+
+
+async def test_requests_one_after_another_reuse_one_connection(
+    client: VLLMServerClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Generations one after another share one keep-alive connection: a finished stream
+    hands its connection back to the pool (a new one a request would cost a TCP
+    handshake, here and in the server)."""
+    created, reused = [], []
+    trace = aiohttp.TraceConfig()
+    trace.on_connection_create_end.append(lambda *_: _note(created))
+    trace.on_connection_reuseconn.append(lambda *_: _note(reused))
+    session = aiohttp.ClientSession  # the client's own session, with the trace added
+    monkeypatch.setattr(aiohttp, "ClientSession",
+                        lambda **kw: session(**kw, trace_configs=[trace]))  # fmt: skip
+    async with VLLMServerClient(client.base_url, InferenceConfig()) as fresh:
+        await fresh.model_name()
+        for i in range(3):
+            result = await fresh.generate(PROMPT, SamplingConfig(max_tokens=20), f"reuse-{i}")
+            assert result.finish_reason in ("stop", "length")
+    assert (len(created), len(reused)) == (1, 3), (created, reused)
+
+
+async def _note(into: list[int]) -> None:
+    into.append(1)
