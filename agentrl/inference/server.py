@@ -378,7 +378,11 @@ class VLLMServerClient(VLLMClientBase):
                 continue
             data = line[5:].strip()
             if data == b"[DONE]":
-                break
+                # Read on to the stream's end (it ends right after): aiohttp closes a
+                # connection released before its response is read to EOF (the chunked
+                # body's last piece may come in a later read), and the next request
+                # would open a new one, a TCP handshake here and in the server.
+                continue
             chunk = json.loads(data)
             if "error" in chunk:
                 raise EngineError(f"server error on request {request_id!r}: {chunk['error']}")
