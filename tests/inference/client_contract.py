@@ -50,6 +50,18 @@ async def long_greedy(client: InferenceClient, request_id: str) -> Generation:
     return result
 
 
+async def token_counts(client: InferenceClient, request_id: str, task: asyncio.Task,
+                       outputs: int = 3) -> list[int]:  # fmt: skip
+    """A running request's sampled-token count at each of its first ``outputs`` outputs
+    (fewer if ``task``, the request, ends first)."""
+    seen: list[int] = []
+    while len(seen) < outputs and not task.done():
+        seen.append(
+            await client.requests.wait_for_tokens(request_id, (seen[-1] if seen else 0) + 1)
+        )
+    return seen
+
+
 class ClientContract:
     async def test_one_logprob_and_version_per_sampled_token(self, client: InferenceClient) -> None:
         results = await asyncio.gather(

@@ -12,7 +12,7 @@ import pytest_asyncio
 from agentrl.errors import ModelNotFoundError
 from agentrl.inference.base import SamplingConfig
 from agentrl.inference.engine import STREAM_INTERVAL, VLLMEngineClient
-from tests.inference.client_contract import PROMPT, ClientContract, long_greedy
+from tests.inference.client_contract import PROMPT, ClientContract, long_greedy, token_counts
 
 pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module")]
 
@@ -52,9 +52,7 @@ async def test_tokens_stream_in_steps_and_an_abort_cut_between_them_loses_none(
             client.generate(PROMPT, SamplingConfig(max_tokens=200, temperature=0.0), rid)
         )
         await asyncio.sleep(0)  # the request is in flight
-        seen: list[int] = []
-        while len(seen) < 3 and not task.done():
-            seen.append(await client.requests.wait_for_tokens(rid, (seen[-1] if seen else 0) + 1))
+        seen = await token_counts(client, rid, task)
         assert seen[:3] == [1, 1 + STREAM_INTERVAL, 1 + 2 * STREAM_INTERVAL], seen
         await asyncio.sleep(0.05)  # the engine samples on past the last output sent
         streamed = client.requests.sampled(rid)

@@ -14,7 +14,7 @@ import pytest_asyncio
 from agentrl.errors import EngineStartupError
 from agentrl.inference.base import STREAM_INTERVAL, InferenceConfig, SamplingConfig
 from agentrl.inference.server import VLLMServer, VLLMServerClient
-from tests.inference.client_contract import PROMPT, ClientContract, long_greedy
+from tests.inference.client_contract import PROMPT, ClientContract, long_greedy, token_counts
 
 pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module")]
 
@@ -86,9 +86,7 @@ async def test_tokens_stream_in_steps_and_an_abort_keeps_an_exact_prefix(
         client.generate(PROMPT, SamplingConfig(max_tokens=200, temperature=0.0), "steps")
     )
     await asyncio.sleep(0)  # the request is in flight
-    seen: list[int] = []
-    while len(seen) < 3 and not task.done():
-        seen.append(await client.requests.wait_for_tokens("steps", (seen[-1] if seen else 0) + 1))
+    seen = await token_counts(client, "steps", task)
     assert seen[:3] == [1, 1 + STREAM_INTERVAL, 1 + 2 * STREAM_INTERVAL], seen
     streamed = client.requests.sampled("steps")
     partial = await client.abort("steps")
