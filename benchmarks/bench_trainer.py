@@ -1,7 +1,8 @@
 """The trainer's step, mode by mode: fp32 padded (as shipped) against the faster paths.
 
 Modes: fp32 padded, bf16 (autocast), and bf16 with packing, the chunked logprob, gradient
-checkpointing and activation offload, each measured in the same run on the same rows.
+checkpointing, activation offload and compiled layers (``trainer.compile``), each measured
+in the same run on the same rows.
 
     python benchmarks/bench_trainer.py                  # CPU: small shape, 16x256, ~1 minute
     python benchmarks/bench_trainer.py --threads 0      # every core (noisy when others run)
@@ -14,10 +15,11 @@ under ``$AGENTRL_CACHE/models`` (``~/.cache/agentrl/models`` by default; 2 GB fo
     python benchmarks/bench_trainer.py --device cuda --shape 0.5b --case 64x1k
     python benchmarks/bench_trainer.py --device cuda --shape 1.5b --case 8x16k
 
-(Expected: about a minute for the first, a few minutes for the second, fp32 padded being
-the slow mode; written without a GPU at hand, so the GPU path has been checked only with
-``--dry-run`` and by the CPU run of the same code. Add ``--modes fp32,bf16`` etc. to run
-a subset, ``--steps`` for more timed steps.)
+On an H200 (2026-12-04) the first took 2 minutes for the six modes before compile, fp32 being the
+slow one; results in ``benchmarks/results/trainer_cuda_*.json`` and the README. Add
+``--modes bf16,bf16+packed+chunked+compile+ckpt`` etc. to run a subset,
+``--micro-batch-tokens`` for another budget (the result file then says it: ``_mb32768``),
+``--steps`` for more timed steps.
 
 Builds a random-weight Qwen2 model of the chosen shape (``0.5b``, ``1.5b``: Qwen2.5's
 shapes with tied embeddings; ``small``: hidden 256, 4 layers, vocab 4,096, for a CPU) and
@@ -117,7 +119,10 @@ MODES: dict[str, dict[str, Any]] = {
     "bf16+packed+chunked": {"precision": "bf16", **CHUNKED},
     "bf16+packed+chunked+ckpt": {"precision": "bf16", **CHUNKED, "gradient_checkpointing": True},
     "bf16+packed+chunked+offload": {"precision": "bf16", **CHUNKED, "activation_offload": True},
-}
+    "bf16+packed+chunked+compile": {"precision": "bf16", **CHUNKED, "compile": True},
+    "bf16+packed+chunked+compile+ckpt": {"precision": "bf16", **CHUNKED, "compile": True,
+                                         "gradient_checkpointing": True},
+}  # fmt: skip
 BASELINE = "fp32"
 
 
@@ -435,7 +440,8 @@ def _progress(out: dict[str, Any]) -> None:
     if "error" in out:
         said = out["error"].split(".")[0]
     elif out["step_s"]:
-        said = f"{statistics.median(out['step_s']):.3f} s/step"
+        said = (f"{statistics.median(out['step_s']):.3f} s/step "
+                f"(warm-up step {out['warmup_s']:.1f} s)")  # fmt: skip
     else:
         said = f"warm-up step {out['warmup_s']:.3f} s"
     print(f"  {out['mode']}: {said}, {out['peak_memory_bytes'] / 2**30:.2f} GiB", flush=True)
@@ -517,12 +523,13 @@ def report(setup: Setup, results: list[dict[str, Any]], peaks: dict[str, float],
         f"torch {torch.__version__}, transformers {transformers.__version__}. "
         f"Peak: {peak / 1e12:,.2f} TFLOP/s, the {label}.\n\n"
         + table(["mode", "attention", "micro-batches", "s/step", "tokens/s",
-                 f"x {BASELINE}", "MFU", memory_head, "step-1 loss", f"loss - {BASELINE}'s",
-                 f"grad norm / {BASELINE}'s"], rows)
+                 f"x {BASELINE}", "MFU", "MFU with attention", memory_head, "step-1 loss",
+                 f"loss - {BASELINE}'s", f"grad norm / {BASELINE}'s"], rows)
         + f"\n\nMFU = 6 x {setup.matmul_parameters / 1e6:,.1f}M x tokens / step time / peak; "
-        f"causal attention would add {setup.attention_share:.0%} to those FLOPs at these "
-        f"lengths. The loss and grad-norm columns compare each mode's first step with "
-        f"{BASELINE} padded's, from the same weights and rows.{notes}"
+        f"causal attention adds {setup.attention_share:.0%} to those FLOPs at these "
+        f"lengths (the 'with attention' column counts them too, as PaLM's MFU does). "
+        f"The loss and grad-norm columns compare each mode's first step with {BASELINE} "
+        f"padded's, from the same weights and rows.{notes}"
     )  # fmt: skip
 
 
@@ -530,7 +537,7 @@ def _row(r: dict[str, Any], setup: Setup, peak: float, base: dict[str, Any] | No
     gib = f"{r['peak_memory_bytes'] / 2**30:.2f}"
     if "error" in r:
         return [r["mode"], r.get("attention", ""), r.get("micro_batches", ""),
-                r["error"].split(":")[0], "", "", "",
+                r["error"].split(":")[0], "", "", "", "",
                 gib, "", "", ""]  # fmt: skip
     step = statistics.median(r["step_s"])
     rate = setup.tokens / step
@@ -541,7 +548,8 @@ def _row(r: dict[str, Any], setup: Setup, peak: float, base: dict[str, Any] | No
         loss_diff = f"{r['loss'] - base['loss']:+.2e}"
         norm_ratio = f"{r['grad_norm'] / base['grad_norm']:.4f}"
     return [r["mode"], r["attention"], r["micro_batches"], f"{step:.3f}", f"{rate:,.0f}", ratio,
-            f"{mfu:.1%}", gib, f"{r['loss']:.5f}", loss_diff, norm_ratio]  # fmt: skip
+            f"{mfu:.1%}", f"{mfu * (1 + setup.attention_share):.1%}", gib, f"{r['loss']:.5f}",
+            loss_diff, norm_ratio]  # fmt: skip
 
 
 # ---------------------------------------------------------------- setup and checks
@@ -696,6 +704,8 @@ def main(argv: list[str] | None = None) -> int:
     markdown = report(setup, results, peaks, args, rows_text)
     print(markdown, flush=True)
     result_name = "trainer" if device.type == "cpu" else f"trainer_cuda_{args.shape}_{args.case}"
+    if device.type != "cpu" and case.micro_batch_tokens != CASES[args.case].micro_batch_tokens:
+        result_name += f"_mb{case.micro_batch_tokens}"  # another budget: its own file
     settings = {**vars(args), "device_name": text, "case_settings": dataclasses.asdict(case),
                 "shape_settings": dataclasses.asdict(shape)}  # fmt: skip
     save(result_name, settings,

@@ -467,6 +467,10 @@ class TrainerConfig:
     activation_offload: bool = False
     """Keep the activations saved for backward in (pinned) CPU memory (GPU memory for
     host transfers)."""
+    compile: bool = False
+    """torch.compile each decoder layer (dynamic shapes, so one compilation serves every
+    micro-batch length): fuses the norms', rotary's and the MLP's elementwise work and
+    saves fewer activations; the first step pays the compilation."""
     torch_threads: int | None = 1
     """Threads for the trainer's math on CPU (unset: torch's default)."""
     borrow_idle_cores: bool = True

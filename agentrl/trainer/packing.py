@@ -156,15 +156,10 @@ def _varlen_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value
                       max_length_q: int | None = None,
                       **kwargs: Any) -> tuple[torch.Tensor, None]:  # fmt: skip
     """torch's varlen FlashAttention over a packed call (CUDA, bf16/fp16)."""
-    global _VARLEN_PARAMS
     if cu_seq_lens_q is None:
         return _sdpa(module, query, key, value, attention_mask, dropout=dropout,
                      scaling=scaling, sliding_window=sliding_window, **kwargs)  # fmt: skip
     _check(sliding_window, dropout)
-    from torch.nn.attention.varlen import varlen_attn
-
-    if _VARLEN_PARAMS is None:
-        _VARLEN_PARAMS = frozenset(inspect.signature(varlen_attn).parameters)
     # The rotary embedding leaves q and k in fp32 under autocast; FlashAttention needs 16 bits.
     dtype = query.dtype
     if dtype == torch.float32:
@@ -173,6 +168,22 @@ def _varlen_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value
     q = query[0].transpose(0, 1).to(dtype)  # (N, H, D)
     k = key[0].transpose(0, 1).to(dtype)
     v = value[0].transpose(0, 1).to(dtype)
+    cu = cu_seq_lens_q.to(torch.int32)
+    length = int(max_length_q) if max_length_q is not None else int((cu[1:] - cu[:-1]).max())
+    out = _varlen_call(q, k, v, cu, length, scaling)
+    return out.unsqueeze(0), None  # (1, N, H, D)
+
+
+@torch.compiler.disable
+def _varlen_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor,
+                 length: int, scaling: float | None) -> torch.Tensor:  # fmt: skip
+    """The kernel call, left out of ``trainer.compile``'s graphs (the layer's graph breaks
+    around it: torch's varlen op is not traced, whatever the torch version)."""
+    global _VARLEN_PARAMS
+    from torch.nn.attention.varlen import varlen_attn
+
+    if _VARLEN_PARAMS is None:
+        _VARLEN_PARAMS = frozenset(inspect.signature(varlen_attn).parameters)
     extra: dict[str, Any] = {"scale": scaling}
     if q.shape[1] != k.shape[1] and "enable_gqa" in _VARLEN_PARAMS:
         extra["enable_gqa"] = True  # (torch before 2.13 passes fewer KV heads as they are)
@@ -180,7 +191,4 @@ def _varlen_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value
         extra["is_causal"] = True
     else:
         extra["window_size"] = (-1, 0)  # causal
-    cu = cu_seq_lens_q.to(torch.int32)
-    length = int(max_length_q) if max_length_q is not None else int((cu[1:] - cu[:-1]).max())
-    out = varlen_attn(q, k, v, cu, cu, length, length, **extra)
-    return out.unsqueeze(0), None  # (1, N, H, D)
+    return varlen_attn(q, k, v, cu, cu, length, length, **extra)

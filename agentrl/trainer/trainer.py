@@ -94,6 +94,34 @@ class StepStats:
         return dataclasses.asdict(self)
 
 
+def compile_layers(model: Any) -> int:
+    """``torch.compile`` every decoder layer of ``model`` in place; how many there are.
+
+    The layers are the model's ``_no_split_modules`` classes (transformers names its
+    repeated block there). Compiled with ``dynamic=True``: packed and padded micro-batches
+    change length at every call, and one graph serves them all; the layers share it (their
+    weights are the graph's inputs), so the compilation cache must hold one entry per
+    layer at most.
+
+    Raises:
+        ConfigError: the model names no decoder layer class.
+    """
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if not layers:
+        raise ConfigError(
+            f"trainer.compile = true but {type(model).__name__} names no decoder layer "
+            f"(_no_split_modules is {sorted(names) or 'empty'}); set trainer.compile = false"
+        )
+    import torch._dynamo
+
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit,
+                                                2 * len(layers))  # fmt: skip
+    for layer in layers:
+        layer.compile(dynamic=True)
+    return len(layers)
+
+
 class Trainer:
     """Holds the model and optimizer; :meth:`train_step` runs one optimizer step."""
 
@@ -205,6 +233,8 @@ class Trainer:
             from trl.trainer.utils import add_fused_lm_head
 
             add_fused_lm_head(model, temperature=self.temperature)
+        if self.config.compile:
+            compile_layers(model)
         return model
 
     def placement(self) -> str:
@@ -219,6 +249,8 @@ class Trainer:
             parts.append(f"padded micro-batches of <= {budget}")
         if self.chunked_logprob:
             parts.append("chunked logprob")
+        if self.config.compile:
+            parts.append("compiled layers")
         if self.config.gradient_checkpointing:
             parts.append("gradient checkpointing")
         if self.config.activation_offload:
@@ -436,7 +468,7 @@ class Trainer:
         acc: dict[str, Any] = {"loss": 0.0, "clipped": 0.0, "tokens": 0.0, "w_min": float("inf"),
                "w_max": 0.0, "w_sum": 0.0, "gap_sum": 0.0, "gap_n": 0, "st_min": float("inf"),
                "st_max": 0.0, "st_sum": 0.0, "kl": 0.0, "dropped": 0.0, "geo": 0.0,
-               "token": 0.0, "outlier": 0.0}  # fmt: skip
+               "token": 0.0, "outlier": 0.0, "pending": []}  # fmt: skip
         # FSDP gathers the weights in every forward and backward (collectives), so every
         # rank runs as many micro-steps as the busiest one, the extra ones on a padding
         # micro-batch that carries no loss. DDP only syncs in the last backward.
@@ -447,16 +479,17 @@ class Trainer:
                 if i < len(batches):
                     self._micro_step(batches[i], acc, total_tokens, total_rows, len(batches))
                 else:
-                    self._micro_step(self._padding_batch(), dict(acc), total_tokens, total_rows, 1)
+                    self._micro_step(self._padding_batch(), {**acc, "pending": []}, total_tokens,
+                                     total_rows, 1)  # fmt: skip
         params = [p for p in self.model.parameters() if p.requires_grad]
         if self.accelerator is not None:
             if not count:  # this rank had no rows: still join the gradient all-reduce
                 ids = torch.zeros(1, 2, dtype=torch.long, device=self.device)
                 dummy = self.model(input_ids=ids, use_cache=False).logits.sum()
                 self.accelerator.backward(dummy * 0.0)
-            grad_norm = float(self.accelerator.clip_grad_norm_(params, cfg.max_grad_norm))
+            norm = self.accelerator.clip_grad_norm_(params, cfg.max_grad_norm)
         else:
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
+            norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
         if self._on_every_core:  # give vLLM's core back before generation needs it
             self._on_every_core = False
             self.pin()
@@ -466,6 +499,8 @@ class Trainer:
         self.step += 1
         if self._sharded():  # FSDP: a collective on every rank; rank 0 gets the full weights
             self.gather_full_state()
+        grad_norm = float(norm)  # read after the optimizer step is queued, like the rest
+        self._settle(acc)
         tokens = acc["tokens"]
         rewards = [t.reward for g in groups for t in g.trajectories if t.segment == 0]
         return StepStats(
@@ -571,26 +606,52 @@ class Trainer:
         for name in ("dropped", "geo", "token", "outlier"):
             acc[name] += getattr(masks, name)
 
+    # What each micro-step adds to the step's statistics, kept on the device until the
+    # step ends: reading them at once (``float(t)``) would make the host wait for every
+    # micro-step's backward, so that it could not queue the next one meanwhile.
+    _PENDING = ("loss", "clipped", "tokens", "kl", "w_min", "w_max", "w_sum", "st_min",
+                "st_max", "st_sum", "gap_sum", "gap_n")  # fmt: skip
+
     def _accumulate(self, acc: dict[str, Any], loss: torch.Tensor, stats: dict[str, Any],
                     mb: MicroBatch, mask: torch.Tensor, old: torch.Tensor,
                     weights: torch.Tensor) -> None:  # fmt: skip
+        """Queue this micro-step's statistics (device tensors; :meth:`_settle` reads them)."""
         on = mask.bool()
-        n = int(on.sum())
-        acc["loss"] += float(loss.detach())
-        acc["clipped"] += float(stats["clipped"])
-        acc["tokens"] += n
-        acc["kl"] += float(stats.get("kl", 0.0))
-        if not n:
-            return
-        w = weights.expand_as(mask)[on]
-        acc["w_min"] = min(acc["w_min"], float(w.min()))
-        acc["w_max"] = max(acc["w_max"], float(w.max()))
-        acc["w_sum"] += float(w.sum())
-        staleness = (self.version - mb.versions)[on].to(torch.float32)
-        acc["st_min"] = min(acc["st_min"], float(staleness.min()))
-        acc["st_max"] = max(acc["st_max"], float(staleness.max()))
-        acc["st_sum"] += float(staleness.sum())
+        inf = torch.tensor(float("inf"), device=on.device)
+        w = weights.expand_as(mask)
+        staleness = (self.version - mb.versions).to(torch.float32)
         fresh = on & (mb.versions == self.version)
-        if fresh.any():
-            acc["gap_sum"] += float((old[fresh] - mb.behaviour_logprobs[fresh]).abs().sum())
-            acc["gap_n"] += int(fresh.sum())
+        kl = stats.get("kl")
+        values = (
+            loss.detach(), stats["clipped"], on.sum(),
+            kl if kl is not None else torch.zeros((), device=on.device),
+            torch.where(on, w, inf).min(), torch.where(on, w, -inf).max(),
+            torch.where(on, w, 0.0).sum(),
+            torch.where(on, staleness, inf).min(), torch.where(on, staleness, -inf).max(),
+            torch.where(on, staleness, 0.0).sum(),
+            torch.where(fresh, (old - mb.behaviour_logprobs).abs(), 0.0).sum(), fresh.sum(),
+        )  # fmt: skip
+        acc["pending"].append(torch.stack([torch.as_tensor(v, device=on.device).double()
+                                           for v in values]))  # fmt: skip
+
+    def _settle(self, acc: dict[str, Any]) -> None:
+        """Fold the queued micro-step statistics into ``acc``: one read for the step."""
+        pending = acc.pop("pending")
+        if not pending:
+            return
+        for row in torch.stack(pending).tolist():
+            v = dict(zip(self._PENDING, row, strict=True))
+            acc["loss"] += v["loss"]
+            acc["clipped"] += v["clipped"]
+            acc["tokens"] += int(v["tokens"])
+            acc["kl"] += v["kl"]
+            if not v["tokens"]:
+                continue
+            acc["w_min"] = min(acc["w_min"], v["w_min"])
+            acc["w_max"] = max(acc["w_max"], v["w_max"])
+            acc["w_sum"] += v["w_sum"]
+            acc["st_min"] = min(acc["st_min"], v["st_min"])
+            acc["st_max"] = max(acc["st_max"], v["st_max"])
+            acc["st_sum"] += v["st_sum"]
+            acc["gap_sum"] += v["gap_sum"]
+            acc["gap_n"] += int(v["gap_n"])
