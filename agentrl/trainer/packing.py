@@ -160,6 +160,14 @@ def _varlen_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value
         return _sdpa(module, query, key, value, attention_mask, dropout=dropout,
                      scaling=scaling, sliding_window=sliding_window, **kwargs)  # fmt: skip
     _check(sliding_window, dropout)
+    if cu_seq_lens_q.numel() == 2:  # one row (long ones fill a micro-batch alone)
+        # SDPA's causal kernel: on an H200 it ran 16k-token rows faster than varlen
+        # (a 1.5B step of 8 such rows: 4.04 s padded against 4.78 s packed, eager).
+        out = torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, is_causal=True, scale=scaling,
+            enable_gqa=query.shape[1] != key.shape[1],
+        )  # fmt: skip
+        return out.transpose(1, 2).contiguous(), None
     # The rotary embedding leaves q and k in fp32 under autocast; FlashAttention needs 16 bits.
     dtype = query.dtype
     if dtype == torch.float32:

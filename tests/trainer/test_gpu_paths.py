@@ -155,6 +155,26 @@ def test_flex_attention_packed_forward_matches_rows(tiny_model: Path) -> None:
     assert (rows_lp - flex_lp)[mb.mask > 0].abs().max() < 1e-5
 
 
+def test_varlen_attention_of_one_row_is_the_rows_attention() -> None:
+    """A packed micro-batch of one row takes SDPA's causal kernel, not varlen's (faster
+    there on an H200): the same output as the per-row path, runnable on CPU."""
+    from agentrl.trainer import packing
+
+    torch.manual_seed(0)
+    n, heads, kv_heads, dim = 37, 4, 2, 8
+    query = torch.randn(1, heads, n, dim)
+    key, value = torch.randn(1, kv_heads, n, dim), torch.randn(1, kv_heads, n, dim)
+    cu = torch.tensor([0, n], dtype=torch.int32)
+    varlen, _ = packing._varlen_attention(None, query, key, value, None, scaling=0.3,
+                                          cu_seq_lens_q=cu, max_length_q=n)  # fmt: skip
+    rows, _ = packing._rows_attention(None, query, key, value, None, scaling=0.3,
+                                      cu_seq_lens_q=cu)  # fmt: skip
+    assert varlen.shape == (1, n, heads, dim)
+    assert torch.equal(varlen, rows)
+    causal = varlen[0, 0]  # the first token sees only itself: its value, per GQA group
+    assert torch.allclose(causal, value[0, :, 0].repeat_interleave(heads // kv_heads, 0))
+
+
 def test_packed_chunked_lora_and_reference_model(tiny_model: Path) -> None:
     lora = LoraConfig(enabled=True, r=4)
     fast = {"packing": True, "chunked_logprob": True}
