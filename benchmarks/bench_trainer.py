@@ -37,12 +37,16 @@ MFU = 6 x P x tokens / step time / peak, where P counts the weights every token 
 through a matmul of (the tied embedding once, as the LM head), tokens are the rows' own
 (no padding), and peak is measured in the same run: a large bf16 matmul loop on a GPU,
 an fp32 matmul loop on CPU (labelled; bf16 autocast on CPU is measured against it too).
-Causal attention FLOPs are not in the 6 x P count; the output says how much they add.
-Peak memory: ``torch.cuda.max_memory_allocated`` per mode (weights, gradients and AdamW
-state included); on CPU the growth of the process's resident memory during the mode,
-sampled every 5 ms. A mode that runs out of memory is listed with the trainer's advice.
-Writes ``results/trainer.json`` on CPU, ``results/trainer_cuda_<shape>_<case>.json`` on
-a GPU.
+Causal attention FLOPs are not in the 6 x P count; the output says how much they add,
+and its "MFU with attention" column counts them.
+Peak memory: ``torch.cuda.max_memory_allocated`` per mode, over its construction, warm-up
+step and timed steps (weights, gradients, AdamW state and a micro-batch's activations:
+AdamW's moments are made at the first optimizer step, after that step's activations are
+gone, so the warm-up step alone would miss them; its own peak is kept in the JSON as
+``first_step_peak_memory_bytes``); on CPU the growth of the process's resident memory
+during the mode's construction and warm-up step, sampled every 5 ms. A mode that runs out
+of memory is listed with the trainer's advice. Writes ``results/trainer.json`` on CPU,
+``results/trainer_cuda_<shape>_<case>.json`` on a GPU.
 """
 
 from __future__ import annotations
@@ -399,6 +403,8 @@ def measure(modes: list[str], model: Path, groups: list[Any], args: argparse.Nam
     mode alike; memory is then measured over each trainer's construction and warm-up
     step (weights, AdamW state, activations).
     """
+    import torch
+
     _warm_imports()  # so that the first mode's memory is not the imports'
     peaks = [matmul_peaks(device)]
     results, live = [], {}
@@ -409,6 +415,9 @@ def measure(modes: list[str], model: Path, groups: list[Any], args: argparse.Nam
             for _ in range(args.steps):
                 if (trainer := time_step(out, trainer, groups, device)) is None:
                     break
+            if device.type == "cuda":  # the timed steps hold the AdamW moments too
+                out["first_step_peak_memory_bytes"] = out["peak_memory_bytes"]
+                out["peak_memory_bytes"] = float(torch.cuda.max_memory_allocated(device))
             del trainer
             _release(device)
         elif trainer is not None:
