@@ -193,12 +193,17 @@ def colocated_plan(model_config: Any, parameters: int, trainer: TrainerConfig,
     GPU of ``total`` bytes.
 
     Trainer: 16 bytes per trained parameter (fp32 weights, gradients, two AdamW
-    moments), 4 per frozen one (LoRA's base, a reference model); activations of one
-    micro-batch of ``micro_batch_tokens`` tokens: about 34 bytes per token, hidden unit and
-    layer in bf16 (Korthikanti et al., 2022, with FlashAttention), twice that in fp32,
-    one layer's worth with gradient checkpointing or activation offload, plus the
-    full-vocabulary logits in fp32 (twice, for their gradient) unless the logprob is
-    chunked. vLLM: ``gpu_memory_utilization`` of the GPU when set, else its weights in
+    moments), 4 per frozen one (LoRA's base, a reference model); in bf16 also autocast's
+    bf16 copy of the weights (2 bytes a parameter) during a micro-batch. Activations of
+    one micro-batch of ``micro_batch_tokens`` tokens, per token, hidden unit and layer:
+    80 bytes in bf16 autocast and 135 in fp32, measured on an H200 with the Qwen2.5-0.5B
+    and 1.5B shapes (77-85 and 133; ``benchmarks/results/trainer_cuda_h200.md``: more
+    than the 34 of Korthikanti et al., 2022, since transformers keeps the residual stream,
+    the norms and rotary's q and k in fp32 under autocast and Qwen2's MLP is 5.4-5.8x
+    wide). With gradient checkpointing or activation offload: each layer's fp32 input
+    (4 bytes) plus one layer's working set. Unless the logprob is chunked, the
+    full-vocabulary logits and their gradient (4 bytes each in fp32, 2 in bf16).
+    vLLM: ``gpu_memory_utilization`` of the GPU when set, else its weights in
     ``inference.dtype``, the KV cache (``kv_cache_mib``) and 1 GiB of working memory.
     """
     text = model_config.get_text_config() if hasattr(model_config, "get_text_config") else (
@@ -210,12 +215,16 @@ def colocated_plan(model_config: Any, parameters: int, trainer: TrainerConfig,
         static = parameters * 4
     else:
         static = parameters * 16 + (parameters * 4 if trainer.loss.beta > 0 else 0)
-    per_layer = 34 * tokens * hidden * (1 if precision == "bf16" else 2)
-    kept_layers = 1 if trainer.gradient_checkpointing or trainer.activation_offload else layers
-    activations = per_layer * kept_layers + (tokens * hidden * layers * 2
-                                             if trainer.gradient_checkpointing else 0)  # fmt: skip
+    bf16 = precision == "bf16"
+    per_layer = (80 if bf16 else 135) * tokens * hidden
+    if trainer.gradient_checkpointing or trainer.activation_offload:
+        activations = per_layer + 4 * tokens * hidden * layers
+    else:
+        activations = per_layer * layers
+    if bf16:
+        activations += 2 * parameters  # autocast's bf16 weights
     if not chunked:
-        activations += 2 * tokens * vocab * 4
+        activations += 2 * tokens * vocab * (2 if bf16 else 4)
     if inference.gpu_memory_utilization is not None:
         vllm = int(inference.gpu_memory_utilization * total)
     else:

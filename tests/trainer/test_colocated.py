@@ -61,8 +61,8 @@ def test_the_budget_of_real_shapes_on_one_h200() -> None:
     assert small.fits(), small.describe()
     assert small.trainer_static == params * 16
     assert small.vllm == params * 2 + 8192 * 2**20 + 2**30
-    # 1.5B, full fine-tuning, long micro-batches, vLLM asking for most of the GPU: no
-    trainer = TrainerConfig(micro_batch_tokens=65_536)
+    # 1.5B, full fine-tuning, 16k-token micro-batches, vLLM asking for most of the GPU: no
+    trainer = TrainerConfig(micro_batch_tokens=16_384)
     greedy = InferenceConfig(dtype="bfloat16", gpu_memory_utilization=0.6)
     big = _plan("1.5b", trainer, greedy)
     assert not big.fits(), big.describe()
@@ -70,7 +70,7 @@ def test_the_budget_of_real_shapes_on_one_h200() -> None:
     for setting in ("inference.gpu_memory_utilization (now 0.6)",
                     "inference.sleep_during_train = true", "trainer.lora.enabled = true",
                     "trainer.gradient_checkpointing = true",
-                    "trainer.micro_batch_tokens (now 65536)"):  # fmt: skip
+                    "trainer.micro_batch_tokens (now 16384)"):  # fmt: skip
         assert setting in text, text
     # each named fix is real: sleeping, or checkpointing, makes this one fit
     assert _plan("1.5b", trainer, dataclasses.replace(greedy, sleep_during_train=True)).fits()
@@ -89,8 +89,39 @@ def test_full_logits_and_fp32_cost_what_the_plan_says() -> None:
                           chunked=False, total=H200)  # fmt: skip
     fp32 = colocated_plan(config, params, trainer, inference, precision="fp32",
                           chunked=True, total=H200)  # fmt: skip
-    assert full.trainer_activations - chunked.trainer_activations == 2 * 8192 * 151_936 * 4
-    assert fp32.trainer_activations == 2 * chunked.trainer_activations
+    assert full.trainer_activations - chunked.trainer_activations == 2 * 8192 * 151_936 * 2
+    weights = 2 * params  # autocast's bf16 copy
+    assert (fp32.trainer_activations / (chunked.trainer_activations - weights)
+            == pytest.approx(135 / 80))  # fmt: skip
+
+
+# First-step peaks measured on an H200 by benchmarks/bench_trainer.py (2026-12-04,
+# benchmarks/results/trainer_cuda_h200.md), GiB: (shape, micro-batch tokens, precision,
+# chunked logprob, peak). A later step also holds AdamW's two moments (made at the end of
+# the first), so its peak is this plus 8 bytes a parameter.
+H200_FIRST_STEP_PEAKS = [
+    ("0.5b", 8192, "fp32", False, 34.79),  # padded
+    ("0.5b", 8192, "bf16", False, 22.51),  # padded
+    ("0.5b", 8192, "bf16", True, 17.45),  # packed
+    ("0.5b", 16_384, "bf16", True, 29.77),
+    ("1.5b", 16_384, "bf16", True, 69.88),
+]
+
+
+@pytest.mark.parametrize(("shape", "tokens", "precision", "chunked", "first"),
+                         H200_FIRST_STEP_PEAKS)  # fmt: skip
+def test_the_trainer_estimate_is_within_a_tenth_of_the_h200_measurements(
+    shape: str, tokens: int, precision: str, chunked: bool, first: float
+) -> None:
+    """The plan's trainer memory (held + per step) against what a step held on an H200,
+    so that a start-time 'it fits' is not an out-of-memory error at the first step."""
+    config, params = _shape(shape)
+    plan = colocated_plan(config, params, TrainerConfig(micro_batch_tokens=tokens),
+                          InferenceConfig(), precision=precision, chunked=chunked,
+                          total=H200)  # fmt: skip
+    measured = first * 2**30 + 8 * params
+    estimate = plan.trainer_static + plan.trainer_activations
+    assert abs(estimate / measured - 1) < 0.1, (estimate / 2**30, measured / 2**30)
 
 
 @pytest.mark.parametrize(("override", "needs"), [
