@@ -99,9 +99,10 @@ def compile_layers(model: Any) -> int:
 
     The layers are the model's ``_no_split_modules`` classes (transformers names its
     repeated block there). Compiled with ``dynamic=True``: packed and padded micro-batches
-    change length at every call, and one graph serves them all; the layers share it (their
-    weights are the graph's inputs), so the compilation cache must hold one entry per
-    layer at most.
+    change length at every call, and one graph serves them all. The layers share it (their
+    weights are the graph's inputs); should a torch version guard on each layer instead,
+    dynamo's recompile limit is raised to twice the layer count, so that every layer gets
+    its own graph rather than silently falling back to eager.
 
     Raises:
         ConfigError: the model names no decoder layer class.
