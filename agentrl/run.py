@@ -339,6 +339,8 @@ async def _start_trainer(cfg: RunConfig, model_path: str, accelerator: Any, resu
                                       temperature=cfg.rollout.temperature, seed=cfg.run.seed,
                                       accelerator=accelerator)  # fmt: skip
     reporter.say(trainer.placement())
+    for line in trainer.advice():
+        reporter.warn(line)
     _check_colocated(cfg, trainer, reporter)
     if trainer.world > 1:
         reporter.say(f"training on {trainer.world} processes "

@@ -208,6 +208,19 @@ def test_device_auto_is_the_cpu_here_and_cuda_without_cuda_is_refused(tiny_model
                 temperature=1.0, seed=0)  # fmt: skip
 
 
+def test_agentrl_train_is_told_which_gpu_settings_measured_slow(tiny_model: Path) -> None:
+    trainer = Trainer(str(tiny_model), TrainerConfig(), temperature=1.0, seed=0)
+    assert trainer.advice() == [], "nothing to say on CPU"
+    trainer._device = torch.device("cuda", 0)  # all the advice reads of the device
+    (budget,) = trainer.advice()
+    assert "trainer.micro_batch_tokens = 4096" in budget and "gradient_checkpointing" in budget
+    trainer.config = dataclasses.replace(trainer.config, compile=True)
+    assert [line.split(" ")[0] for line in trainer.advice()] == [
+        "trainer.micro_batch_tokens", "trainer.compile"]  # fmt: skip
+    trainer.config = dataclasses.replace(trainer.config, micro_batch_tokens=32_768)
+    assert trainer.advice() == [], "the measured recipe"
+
+
 def test_out_of_memory_names_the_settings_that_fit(
     tiny_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
