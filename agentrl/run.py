@@ -340,7 +340,10 @@ async def _start_trainer(cfg: RunConfig, model_path: str, accelerator: Any, resu
                                       accelerator=accelerator)  # fmt: skip
     reporter.say(trainer.placement())
     for line in trainer.advice():
-        reporter.warn(line)
+        if line.startswith("trainer.compile"):  # set by the user: worth acting on
+            reporter.warn(line)
+        else:
+            reporter.say(f"note: {line}")
     _check_colocated(cfg, trainer, reporter)
     if trainer.world > 1:
         reporter.say(f"training on {trainer.world} processes "

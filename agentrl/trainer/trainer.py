@@ -262,7 +262,8 @@ class Trainer:
 
     def advice(self) -> list[str]:
         """Settings that measured slow on a GPU (an H200, benchmarks/results/
-        trainer_cuda_h200.md), each a line saying what to change; empty on CPU."""
+        trainer_cuda_h200.md), each a line saying what to change; empty on CPU. The
+        first (the budget, the default's) is a note; the second (compile) a warning."""
         if self._device.type != "cuda":
             return []
         tokens = self.config.micro_batch_tokens
