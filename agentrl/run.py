@@ -339,8 +339,8 @@ async def _start_trainer(cfg: RunConfig, model_path: str, accelerator: Any, resu
                                       temperature=cfg.rollout.temperature, seed=cfg.run.seed,
                                       accelerator=accelerator)  # fmt: skip
     reporter.say(trainer.placement())
-    for line in trainer.advice():
-        if line.startswith("trainer.compile"):  # set by the user: worth acting on
+    for level, line in trainer.advice():
+        if level == "warning":
             reporter.warn(line)
         else:
             reporter.say(f"note: {line}")

@@ -260,28 +260,26 @@ class Trainer:
             parts.append(f"LoRA r={self.config.lora.r}")
         return ", ".join(parts)
 
-    def advice(self) -> list[str]:
+    def advice(self) -> list[tuple[str, str]]:
         """Settings that measured slow on a GPU (an H200, benchmarks/results/
-        trainer_cuda_h200.md), each a line saying what to change; empty on CPU. The
-        first (the budget, the default's) is a note; the second (compile) a warning."""
+        trainer_cuda_h200.md): ``(level, line)`` pairs, level ``note`` (a default's) or
+        ``warning`` (a setting worth changing); empty on CPU."""
         if self._device.type != "cuda":
             return []
         tokens = self.config.micro_batch_tokens
-        out = []
-        if tokens < 16_384:
-            out.append(
+        if tokens >= 16_384:
+            return []
+        out = [("note",
                 f"trainer.micro_batch_tokens = {tokens}: small micro-batches leave the GPU "
                 f"waiting on the host (an H200 ran the Qwen2.5-0.5B shape at 15.6 % MFU with "
                 f"4,096, 40.8 % with 32,768, compile and checkpointing); raise it as memory "
-                f"allows (trainer.gradient_checkpointing = true frees most activations)"
-            )  # fmt: skip
-        if self.config.compile and tokens < 16_384:
-            out.append(
-                f"trainer.compile = true with micro-batches of {tokens} tokens: compiled "
-                f"layers were slower than eager ones below 16,384 tokens on an H200 "
-                f"(1.18 against 0.86 s a step at 8,192)"
-            )  # fmt: skip
-        return out
+                f"allows (trainer.gradient_checkpointing = true frees most activations)")]
+        if self.config.compile:
+            out.append(("warning",
+                        f"trainer.compile = true with micro-batches of {tokens} tokens: "
+                        f"compiled layers were slower than eager ones below 16,384 tokens on "
+                        f"an H200 (1.18 against 0.86 s a step at 8,192)"))
+        return out  # fmt: skip
 
     @property
     def version(self) -> int:

@@ -212,11 +212,12 @@ def test_agentrl_train_is_told_which_gpu_settings_measured_slow(tiny_model: Path
     trainer = Trainer(str(tiny_model), TrainerConfig(), temperature=1.0, seed=0)
     assert trainer.advice() == [], "nothing to say on CPU"
     trainer._device = torch.device("cuda", 0)  # all the advice reads of the device
-    (budget,) = trainer.advice()
+    ((level, budget),) = trainer.advice()
+    assert level == "note", "the default's: said, not warned"
     assert "trainer.micro_batch_tokens = 4096" in budget and "gradient_checkpointing" in budget
     trainer.config = dataclasses.replace(trainer.config, compile=True)
-    assert [line.split(" ")[0] for line in trainer.advice()] == [
-        "trainer.micro_batch_tokens", "trainer.compile"]  # fmt: skip
+    assert [(level, line.split(" ")[0]) for level, line in trainer.advice()] == [
+        ("note", "trainer.micro_batch_tokens"), ("warning", "trainer.compile")]  # fmt: skip
     trainer.config = dataclasses.replace(trainer.config, micro_batch_tokens=32_768)
     assert trainer.advice() == [], "the measured recipe"
 
