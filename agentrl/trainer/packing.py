@@ -134,17 +134,20 @@ def _rows_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: 
                      scaling=scaling, sliding_window=sliding_window, **kwargs)  # fmt: skip
     _check(sliding_window, dropout)
     bounds = cu_seq_lens_q.tolist()
-    gqa = query.shape[1] != key.shape[1]
-    outs = []
-    for start, end in itertools.pairwise(bounds):
-        if end <= start:
-            continue
-        outs.append(torch.nn.functional.scaled_dot_product_attention(
-            query[:, :, start:end], key[:, :, start:end], value[:, :, start:end],
-            is_causal=True, scale=scaling, enable_gqa=gqa,
-        ))  # fmt: skip
+    outs = [_causal_sdpa(query[:, :, start:end], key[:, :, start:end], value[:, :, start:end],
+                         scaling)
+            for start, end in itertools.pairwise(bounds) if end > start]  # fmt: skip
     out = torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
     return out.transpose(1, 2).contiguous(), None
+
+
+def _causal_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                 scaling: float | None) -> torch.Tensor:  # fmt: skip
+    """SDPA's causal attention of one row, ``(1, H, n, D)`` in and out (fewer KV heads: GQA)."""
+    return torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, is_causal=True, scale=scaling,
+        enable_gqa=query.shape[1] != key.shape[1],
+    )  # fmt: skip
 
 
 _VARLEN_PARAMS: frozenset[str] | None = None
@@ -163,11 +166,7 @@ def _varlen_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value
     if cu_seq_lens_q.numel() == 2:  # one row (long ones fill a micro-batch alone)
         # SDPA's causal kernel: on an H200 it ran 16k-token rows faster than varlen
         # (a 1.5B step of 8 such rows: 4.04 s padded against 4.78 s packed, eager).
-        out = torch.nn.functional.scaled_dot_product_attention(
-            query, key, value, is_causal=True, scale=scaling,
-            enable_gqa=query.shape[1] != key.shape[1],
-        )  # fmt: skip
-        return out.transpose(1, 2).contiguous(), None
+        return _causal_sdpa(query, key, value, scaling).transpose(1, 2).contiguous(), None
     # The rotary embedding leaves q and k in fp32 under autocast; FlashAttention needs 16 bits.
     dtype = query.dtype
     if dtype == torch.float32:
