@@ -79,7 +79,7 @@ async def run_with_checkpoints(
     client = ScriptedClient(tokenizer, counting_model)
     runner = EpisodeRunner(client, tokenizer, RolloutConfig(max_turns=8),
                            checkpoint=snapshots.append)  # fmt: skip
-    trajectories = await runner.run(Task(f"t#{seed}", env_id, seed), "t#3/0")
+    trajectories = await runner.run(Task(f"t#{seed}", env_id, seed), f"t#{seed}/0")
     return trajectories, snapshots
 
 
@@ -256,6 +256,80 @@ def test_writer_batches_in_order_and_keeps_only_the_newest_checkpoint(
             assert store.episodes(state="finished")[0]["episode_id"] == "t#3/0"
 
     asyncio.run(main())
+
+
+def test_episode_ends_written_together_store_what_writing_them_one_by_one_stores(
+    tmp_path: Path, tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer saves consecutive episode ends with one ``save_episodes`` (one statement
+    per table for all of them); every row, version range and state is what ``save_episode``
+    one at a time writes, and a checkpoint written after the ends is not deleted by them."""
+    runs = [
+        asyncio.run(run_with_checkpoints(tokenizer, "tests/Counter-v0", seed)) for seed in (3, 4, 5)
+    ]
+    tasks = [Task(f"t#{seed}", "tests/Counter-v0", seed) for seed in (3, 4, 5)]
+    ids = [f"t#{seed}/0" for seed in (3, 4, 5)]
+    (stale,) = runs[1][0]
+    mask = stale.loss_mask.astype(bool)
+    versions = stale.versions.copy()
+    versions[mask] = np.where(np.arange(mask.sum()) < mask.sum() // 2, 2, 7)  # under 2, then 7
+    runs[1] = ([dataclasses.replace(stale, versions=versions)], runs[1][1])
+    ends = [(runs[0][0], False), (runs[1][0], True)]
+    retry = dataclasses.replace(runs[1][1][2], attempt=1)  # the retried episode's next attempt
+
+    def rows(store: EpisodeStore) -> dict[str, list[tuple[Any, ...]]]:
+        db = store._db
+        out = {}
+        for table, drop in (("trajectories", {"created_at"}), ("episodes", {"updated_at"}),
+                            ("partials", {"written_at"})):  # fmt: skip
+            names = [r[1] for r in db.execute(f"PRAGMA table_info({table})") if r[1] not in drop]
+            out[table] = db.execute(
+                f"SELECT {', '.join(names)} FROM {table} ORDER BY 1, 2"
+            ).fetchall()
+        return out
+
+    with EpisodeStore.open(tmp_path / "one") as store:
+        store.add_tasks(tasks, 1)
+        for task, eid in zip(tasks, ids, strict=True):
+            store.episode_started(eid, task, 0, 0)
+        store.save_partials([snaps[1] for _, snaps in runs])
+        for trajectories, retried in ends:
+            store.save_episode(trajectories, retried=retried)
+        store.save_partials([retry])
+        expected = rows(store)
+
+    async def batched() -> dict[str, list[tuple[Any, ...]]]:
+        with EpisodeStore.open(tmp_path / "batched") as store:
+            calls: list[list[str]] = []
+            save = store.save_episodes
+
+            def spy(episodes: Any, **kwargs: Any) -> None:
+                calls.append([t[0].episode_id for t, _ in episodes])
+                save(episodes, **kwargs)
+
+            monkeypatch.setattr(store, "save_episodes", spy)
+            async with StoreWriter(store, interval_s=60) as writer:
+                for task, eid in zip(tasks, ids, strict=True):
+                    writer.task(task, 1)
+                    writer.started(eid, task, 0, 0)
+                for _, snaps in runs:
+                    writer.partial(snaps[1])
+                for trajectories, retried in ends:
+                    writer.episode(trajectories, retried=retried)
+                writer.partial(retry)  # after the ends: their deletes must not take it
+            assert calls == [ids[:2]], "the two ends went in one save_episodes"
+            return rows(store)
+
+    got = asyncio.run(batched())
+    assert got == expected
+    with EpisodeStore.open(tmp_path / "batched") as store:
+        db = store._db
+        assert db.execute("SELECT min_version, max_version FROM trajectories WHERE "
+                          "episode_id = ?", (ids[1],)).fetchall() == [(2, 7)]  # fmt: skip
+        states = db.execute("SELECT episode_id, state FROM episodes ORDER BY 1").fetchall()
+        assert states == [(ids[0], "finished"), (ids[1], "retried"), (ids[2], "paused")]
+        partials = db.execute("SELECT episode_id, attempt FROM partials ORDER BY 1").fetchall()
+        assert partials == [(ids[1], 1), (ids[2], 0)]
 
 
 def test_crash_mid_run_then_resume_runs_every_task_exactly_once(

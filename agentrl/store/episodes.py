@@ -236,34 +236,58 @@ class EpisodeStore:
         trained). ``origin``: ``run``, or ``replay`` for episodes resumed or forked while
         debugging (never trained, never part of a group).
         """
-        first = trajectories[0]
+        self.save_episodes([(trajectories, retried)], origin=origin)
+
+    def save_episodes(
+        self,
+        episodes: Sequence[tuple[Sequence[Trajectory], bool]],
+        *,
+        origin: str = RUN_ORIGIN,
+    ) -> None:
+        """:meth:`save_episode` for several ended attempts ``(trajectories, retried)``, in
+        one transaction, in order: each statement runs once for all of them
+        (``executemany``), which the store writer uses for a batch of episode ends."""
+        if not episodes:
+            return
         now = time.time()
-        state = "retried" if retried else first.status
-        with self._tx() as db:
+        segments: list[tuple[Any, ...]] = []
+        ends: list[tuple[Any, ...]] = []
+        for trajectories, retried in episodes:
+            first = trajectories[0]
+            first_lo = None
             for t in trajectories:
                 sampled = t.versions[t.loss_mask.astype(bool)]
-                db.execute(
-                    "INSERT OR REPLACE INTO trajectories (episode_id, attempt, segment, task_id, "
-                    "env_id, status, reward, min_version, max_version, num_tokens, num_sampled, "
-                    "token_ids, logprobs, versions, loss_mask, meta, created_at) "
-                    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                lo, hi = (int(sampled.min()), int(sampled.max())) if len(sampled) else (-1, -1)
+                first_lo = lo if first_lo is None else first_lo
+                segments.append(
                     (t.episode_id, t.attempt, t.segment, t.task_id, t.env_id, t.status, t.reward,
-                     int(sampled.min()) if len(sampled) else -1,
-                     int(sampled.max()) if len(sampled) else -1, len(t), t.num_sampled,
+                     lo, hi, len(t), len(sampled),
                      *(encode_array(getattr(t, k), d) for k, d in ARRAY_DTYPES.items()),
-                     dump_json(trajectory_meta(t)), now),
+                     dump_json(trajectory_meta(t)), now)
                 )  # fmt: skip
-            db.execute(
+            # started_version: the first segment's oldest sampled version (as it was)
+            ends.append((first.episode_id, first.attempt, first.task_id, first.env_id,
+                         "retried" if retried else first.status, first_lo, now, first.reward,
+                         first.reason, origin))  # fmt: skip
+        with self._tx() as db:
+            db.executemany(
+                "INSERT OR REPLACE INTO trajectories (episode_id, attempt, segment, task_id, "
+                "env_id, status, reward, min_version, max_version, num_tokens, num_sampled, "
+                "token_ids, logprobs, versions, loss_mask, meta, created_at) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                segments,
+            )
+            db.executemany(
                 "INSERT INTO episodes (episode_id, attempt, task_id, env_id, state, "
                 "started_version, updated_at, reward, reason, origin) "
                 "VALUES (?,?,?,?,?,?,?,?,?,?) "
                 "ON CONFLICT (episode_id, attempt) DO UPDATE SET state = excluded.state, "
                 "updated_at = excluded.updated_at, reward = excluded.reward, "
                 "reason = excluded.reason",
-                (first.episode_id, first.attempt, first.task_id, first.env_id, state,
-                 first.min_version(), now, first.reward, first.reason, origin),
-            )  # fmt: skip
-            db.execute("DELETE FROM partials WHERE episode_id = ?", (first.episode_id,))
+                ends,
+            )
+            db.executemany("DELETE FROM partials WHERE episode_id = ?",
+                           [(e[0],) for e in ends])  # fmt: skip
 
     def drop_episode(self, episode_id: str, attempt: int, reason: str) -> None:
         """Record that an unfinished attempt was discarded (it will be run again)."""

@@ -185,31 +185,45 @@ class StoreWriter:
 
     def _apply(self, ops: list[Op]) -> None:
         store = self.store
-        partials: list[Any] = []  # consecutive checkpoints, written together
+        # Consecutive checkpoints, and consecutive episode ends, are written together
+        # (one executemany per statement): the order between kinds is kept.
+        partials: list[Any] = []
+        ends: list[Any] = []
+
+        def write_runs() -> None:
+            if partials:
+                store.save_partials(partials)
+                partials.clear()
+            if ends:
+                store.save_episodes(ends)
+                ends.clear()
+
         with store.batch():
             for i, (kind, payload) in enumerate(ops):
                 if i == 1:
                     faults.point("store_write")
                 if kind == "partial":
+                    if ends:
+                        write_runs()
                     partials.append(payload)
                     continue
-                if partials:
-                    store.save_partials(partials)
-                    partials = []
+                if kind == "episode":
+                    if partials:
+                        write_runs()
+                    ends.append(payload)
+                    continue
+                write_runs()
                 if kind == "task":
                     store.add_tasks([payload[0]], payload[1])
                 elif kind == "started":
                     store.episode_started(*payload)
-                elif kind == "episode":
-                    store.save_episode(payload[0], retried=payload[1])
                 elif kind == "dropped":
                     store.drop_episode(*payload)
                 elif kind == "group":
                     store.complete_group(payload)
                 elif kind == "version":
                     store.record_version(*payload)
-            if partials:
-                store.save_partials(partials)
+            write_runs()
 
     async def _run(self) -> None:
         assert self._wake is not None
