@@ -216,9 +216,14 @@ def decode_array(data: bytes, dtype: str) -> np.ndarray:
     return np.frombuffer(data, dtype=np.dtype(dtype).newbyteorder("<")).astype(dtype)
 
 
+_JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+"""One encoder for every value: ``json.dumps`` with these arguments builds a new encoder
+per call (0.8 us here, about what encoding a task's kwargs costs)."""
+
+
 def dump_json(value: Any) -> str:
     """Compact JSON; NaN and infinity are refused (they are not JSON)."""
-    return json.dumps(value, separators=(",", ":"), allow_nan=False)
+    return _JSON.encode(value)
 
 
 @dataclasses.dataclass(frozen=True)
