@@ -28,12 +28,13 @@ from agentrl.types import Trajectory
 CLI = [sys.executable, "-m", "agentrl.cli", "rollout"]
 
 
-def episodes_started(db: Path) -> int:
+def count(db: Path, table: str) -> int:
+    """Rows in ``table`` of the store at ``db`` (0 before it exists)."""
     if not db.exists():
         return 0
     conn = sqlite3.connect(db, timeout=5)
     try:
-        return conn.execute("SELECT COUNT(*) FROM episodes").fetchone()[0]
+        return conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
     except sqlite3.OperationalError:  # not created yet
         return 0
     finally:
@@ -66,12 +67,17 @@ def killed_run(tmp_path_factory: pytest.TempPathFactory, model_cache: Path) -> K
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                 start_new_session=True)  # fmt: skip
         try:
+            # Kill at a random moment once the run holds a durable checkpoint (a fixed
+            # delay from the first episode's start missed them all on a slow machine).
             deadline = time.monotonic() + 300
-            before = episodes_started(out / "episodes.db")
-            while episodes_started(out / "episodes.db") <= before and proc.poll() is None:
-                assert time.monotonic() < deadline, "the run never started an episode"
+            db = out / "episodes.db"
+            before = count(db, "episodes")
+            while (count(db, "episodes") <= before or not count(db, "partials")) and (
+                proc.poll() is None
+            ):
+                assert time.monotonic() < deadline, "the run never checkpointed an episode"
                 time.sleep(0.1)
-            delay = rng.uniform(2.5, 7.0)  # the first checkpoints land after ~3 s
+            delay = rng.uniform(0.0, 3.0)
             time.sleep(delay)
         finally:
             if proc.poll() is None:
