@@ -392,8 +392,9 @@ class SegmentArrays:
 class PartialEpisode:
     """An unfinished episode, exactly as far as it got: enough to continue it.
 
-    Written to the store when a weight update pauses the episode and at every turn
-    boundary; read back to resume after an update, after a crash, or to debug it.
+    Written to the store when a weight update pauses the episode and at turn boundaries
+    (its first, then once per ``rollout.checkpoint_interval_s``); read back to resume
+    after an update, after a crash, or to debug it.
 
     Attributes:
         version: the engine's policy version when the snapshot was taken.

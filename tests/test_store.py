@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from agentrl.env import TextEnv, register_env
-from agentrl.errors import StoreError
+from agentrl.errors import ConfigError, StoreError
 from agentrl.queue import TrajectoryQueue
 from agentrl.rollout import EpisodeRunner, RolloutConfig, Scheduler, tasks_for
 from agentrl.store import SCHEMA_VERSION, EpisodeStore, StoreWriter
@@ -73,12 +73,13 @@ def assert_same(a: Trajectory, b: Trajectory) -> None:
 
 
 async def run_with_checkpoints(
-    tokenizer: Any, env_id: str, seed: int = 3
+    tokenizer: Any, env_id: str, seed: int = 3, interval_s: float = 0.0
 ) -> tuple[list[Trajectory], list[PartialEpisode]]:
+    """One episode, with its checkpoints (every turn boundary's, by default)."""
     snapshots: list[PartialEpisode] = []
     client = ScriptedClient(tokenizer, counting_model)
-    runner = EpisodeRunner(client, tokenizer, RolloutConfig(max_turns=8),
-                           checkpoint=snapshots.append)  # fmt: skip
+    config = RolloutConfig(max_turns=8, checkpoint_interval_s=interval_s)
+    runner = EpisodeRunner(client, tokenizer, config, checkpoint=snapshots.append)
     trajectories = await runner.run(Task(f"t#{seed}", env_id, seed), f"t#{seed}/0")
     return trajectories, snapshots
 
@@ -105,6 +106,23 @@ def test_trajectories_and_checkpoints_round_trip_exactly(tmp_path: Path, tokeniz
         stats = store.stats()
         assert stats["array_bytes"] == 13 * stats["tokens"], "13 bytes per stored token"
         assert store.integrity_check() == "ok"
+
+
+def test_an_episode_is_checkpointed_at_its_first_boundary_then_once_per_interval(
+    tokenizer: Any,
+) -> None:
+    """rollout.checkpoint_interval_s: 0 checkpoints every turn boundary; a long interval
+    leaves the first boundary's only (so every episode past its first turn can resume);
+    a negative one is refused, naming the key."""
+    every, snapshots = asyncio.run(run_with_checkpoints(tokenizer, "tests/Counter-v0"))
+    assert [s.turn for s in snapshots] == [1, 2, 3], "every boundary of a 4-turn episode"
+    once, first_only = asyncio.run(
+        run_with_checkpoints(tokenizer, "tests/Counter-v0", interval_s=3600.0)
+    )
+    assert [s.turn for s in first_only] == [1]
+    assert_same(once[0], every[0])  # checkpointing changes nothing in the episode
+    with pytest.raises(ConfigError, match=r"rollout\.checkpoint_interval_s"):
+        RolloutConfig(checkpoint_interval_s=-1.0)
 
 
 def test_a_tasks_position_is_found_by_index_in_new_and_older_stores(tmp_path: Path) -> None:

@@ -99,3 +99,5 @@ class EpisodeState:
     pending: list[int] = dataclasses.field(default_factory=list)
     """Tokens sampled so far in the current, unfinished assistant turn."""
     drop_reason: str | None = None
+    checkpointed_at: float | None = None
+    """``time.monotonic()`` at its last per-turn checkpoint (None: none yet)."""

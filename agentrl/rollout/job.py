@@ -4,9 +4,10 @@ For evaluation and data collection; ``agentrl eval`` is a job of kind "eval" (k 
 task as the group, scored by :mod:`agentrl.rollout.evaluation`). The run directory holds:
 
 * ``episodes.db``: the episode store (the source of truth): every task, every episode
-  with its state, checkpoints of unfinished episodes (at every turn boundary), and the
-  finished trajectories. A killed run continues with ``--resume``: finished episodes
-  are kept, checkpointed ones continue from their checkpoint, and the rest run.
+  with its state, checkpoints of unfinished episodes (see
+  ``rollout.checkpoint_interval_s``), and the finished trajectories. A killed run
+  continues with ``--resume``: finished episodes are kept, checkpointed ones continue
+  from their checkpoint, and the rest run.
 * ``trajectories.jsonl``: one trajectory per line (token ids, behaviour logprobs,
   per-token versions, loss mask, spans, messages, rewards, status and reason), exported
   from the store when the run ends;

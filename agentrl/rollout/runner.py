@@ -24,7 +24,8 @@ gate; while a weight update holds it closed, the episode is *parked* (its state 
 readable through :meth:`EpisodeRunner.snapshot`, :meth:`~EpisodeRunner.oldest_version`
 and :meth:`~EpisodeRunner.prefix_tokens`). An aborted generation hands back
 its tokens, and the runner continues from the exact prefix once the gate opens. At
-every turn boundary the episode is offered to ``checkpoint`` as a
+turn boundaries (its first, then at most once per ``rollout.checkpoint_interval_s``) the
+episode is offered to ``checkpoint`` as a
 :class:`~agentrl.types.PartialEpisode`; :meth:`EpisodeRunner.resume` continues one.
 """
 
@@ -109,8 +110,9 @@ class EpisodeRunner(EnvCalls):
         make: builds an env from an id and keyword arguments (default: Gymnasium).
         admission: awaited before every generation call; a weight update closes it to
             hold new requests back (see :class:`~agentrl.rollout.controller.RolloutController`).
-        checkpoint: called with a :class:`PartialEpisode` at every turn boundary (the
-            store writer batches them); None: no per-turn checkpoints.
+        checkpoint: called with a :class:`PartialEpisode` at turn boundaries (the first,
+            then at most once per ``rollout.checkpoint_interval_s``; the store writer
+            batches them); None: no per-turn checkpoints.
         chat: how turns are read (tool-call format, reasoning); None: detected from
             the tokenizer's chat template (:func:`~agentrl.chat.formats.resolve_chat_format`).
     """
@@ -383,8 +385,15 @@ class EpisodeRunner(EnvCalls):
         )
 
     def _checkpoint(self, ep: EpisodeState, t_start: float) -> None:
+        """Offer the episode at this turn boundary to ``checkpoint``: at its first one,
+        then once ``rollout.checkpoint_interval_s`` has passed since the last."""
         if self.checkpoint is None:
             return
+        now = time.monotonic()
+        last = ep.checkpointed_at
+        if last is not None and now - last < self.config.checkpoint_interval_s:
+            return
+        ep.checkpointed_at = now
         ep.timings.total_s = time.perf_counter() - t_start
         try:
             snapshot = self._snapshot(ep)

@@ -32,9 +32,9 @@ GUESS = "agentrl/GuessNumber-v0"
 async def _remote_run(tokenizer: Any, pool: EnvServerPool
                       ) -> tuple[list[Trajectory], list[PartialEpisode]]:  # fmt: skip
     snapshots: list[PartialEpisode] = []
-    runner = EpisodeRunner(ScriptedClient(tokenizer, counting_model), tokenizer,
-                           RolloutConfig(max_turns=8), checkpoint=snapshots.append,
-                           make=pool.make)  # fmt: skip
+    config = RolloutConfig(max_turns=8, checkpoint_interval_s=0)  # every turn boundary
+    runner = EpisodeRunner(ScriptedClient(tokenizer, counting_model), tokenizer, config,
+                           checkpoint=snapshots.append, make=pool.make)  # fmt: skip
     return await runner.run(Task("t#3", GUESS, 3), "t#3/0"), snapshots
 
 
