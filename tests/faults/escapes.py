@@ -283,14 +283,16 @@ attempt("vfork", lambda: ctypes.CDLL(None).vfork())
         "memory exhaustion",
         """
 attempt("4 GiB", lambda: len(bytearray(4 << 30)))
+import mmap
 chunks = []
-try:
+try:  # mapped, not written: the address-space limit counts them all the same, and
+    # writing 64 MiB chunks up to the limit could use up the CPU limit first (SIGXCPU
+    # before the report, on a loaded machine)
     while len(chunks) < 64:
-        chunks.append(bytearray(64 << 20))
-except MemoryError:
+        chunks.append(mmap.mmap(-1, 64 << 20))
+except (MemoryError, OSError):
     pass
 report["allocated MiB"] = 64 * len(chunks)
-import mmap
 attempt("mmap 4 GiB", lambda: len(mmap.mmap(-1, 4 << 30)))
 """,
         lambda out, host: (

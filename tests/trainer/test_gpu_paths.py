@@ -32,6 +32,11 @@ from tests.trainer.test_checkpoint import synthetic_groups
 
 FP32_GRAD = 1e-5
 FP32_LOSS = 1e-6
+LOSS_SCALE = 1e-2
+"""The loss is a mean of per-token terms of order 1 that cancel to about 1e-3, so its fp32
+rounding follows the terms, not the result: FP32_LOSS is relative to at least this. (With
+a floor of 1e-3, packed and padded differed by 1.2e-9 against a bound of 1e-9 on an
+AVX-512 CPU with torch 2.13, the tree before this change too.)"""
 BF16_COSINE = 0.99
 BF16_NORM = 0.05
 BF16_LOGPROB = 0.1
@@ -74,7 +79,7 @@ def test_fp32_paths_train_the_padded_step(tiny_model: Path, path: str, loss: str
     if "checkpointing" in path:
         assert trainer.model.is_gradient_checkpointing
     assert stats.tokens == base_stats.tokens and stats.sequences == base_stats.sequences
-    assert abs(stats.loss - base_stats.loss) <= FP32_LOSS * max(abs(base_stats.loss), 1e-3)
+    assert abs(stats.loss - base_stats.loss) <= FP32_LOSS * max(abs(base_stats.loss), LOSS_SCALE)
     assert _worst(grads, base_grads) < FP32_GRAD
     assert stats.grad_norm == pytest.approx(base_stats.grad_norm, rel=1e-5)
     assert stats.logprob_gap_fresh == pytest.approx(base_stats.logprob_gap_fresh, rel=1e-5)
