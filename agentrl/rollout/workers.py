@@ -576,6 +576,11 @@ class WorkerRunner:
         self.worker_cpu_s += sum(w.cpu_s for w in self._workers)
         self._workers = []
 
+    @property
+    def pids(self) -> tuple[int, ...]:
+        """The process ids of the running workers (empty before start and after close)."""
+        return tuple(w.process.pid for w in self._workers)
+
     # -- what the scheduler calls
 
     async def run(self, task: Task, episode_id: str, attempt: int = 0) -> list[Trajectory]:
