@@ -205,10 +205,10 @@ async def one_run(tokenizer: Any, case: tuple[int, int, int], store: bool, tmp: 
 
         async def wave(first_seed: int) -> TrajectoryQueue:
             queue = TrajectoryQueue(episodes + 1)
-            scheduler = Scheduler(runner, queue, RolloutConfig(concurrency=episodes,
-                                                               group_size=1), writer=writer)  # fmt: skip
-            await scheduler.run(list(tasks_for("bench/Echo-v0", episodes, first_seed=first_seed,
-                                               turns=turns)))  # fmt: skip
+            limits = RolloutConfig(concurrency=episodes, group_size=1)
+            scheduler = Scheduler(runner, queue, limits, writer=writer)
+            tasks = tasks_for("bench/Echo-v0", episodes, first_seed=first_seed, turns=turns)
+            await scheduler.run(list(tasks))
             if writer is not None:
                 await writer.flush()
             return queue
