@@ -186,16 +186,17 @@ class Trajectory:
         self.validate()
 
     def validate(self) -> None:
-        """Check every invariant; raise ValueError naming what is wrong."""
+        """Check every invariant; raise ValueError naming what is wrong.
+
+        Every trajectory is checked as it is made, so the common case takes few array
+        operations; where one fails, the slower checks below it name what is wrong.
+        """
         who = f"trajectory {self.episode_id!r}"
+        loss_mask, versions, logprobs = self.loss_mask, self.versions, self.logprobs
         n = len(self.token_ids)
-        lengths = {
-            "token_ids": n,
-            "logprobs": len(self.logprobs),
-            "versions": len(self.versions),
-            "loss_mask": len(self.loss_mask),
-        }
-        if len(set(lengths.values())) != 1:
+        if not n == len(logprobs) == len(versions) == len(loss_mask):
+            lengths = {"token_ids": n, "logprobs": len(logprobs), "versions": len(versions),
+                       "loss_mask": len(loss_mask)}  # fmt: skip
             raise ValueError(f"{who}: parallel arrays differ in length: {lengths}")
         if self.status not in ("finished", "truncated", "failed"):
             raise ValueError(f"{who}: status {self.status!r} is not finished/truncated/failed")
@@ -203,36 +204,50 @@ class Trajectory:
             raise ValueError(f"{who}: status {self.status!r} with failure kind {self.failure!r}")
         if not math.isfinite(self.reward):
             raise ValueError(f"{who}: reward {self.reward} is not finite")
-        mask = self.loss_mask.astype(bool)
-        if not ((self.loss_mask == 0) | (self.loss_mask == 1)).all():  # np.isin, 7x faster
+        if loss_mask.dtype == np.int8:  # 0 and 1 are the only int8s read as bytes <= 1
+            not_binary = (loss_mask.view(np.uint8) > 1).any()
+        else:
+            not_binary = not ((loss_mask == 0) | (loss_mask == 1)).all()
+        if not_binary:
             raise ValueError(f"{who}: loss_mask holds values other than 0 and 1")
-        if (self.versions[mask] < 0).any():
-            bad = np.flatnonzero(mask & (self.versions < 0))[:5].tolist()
-            raise ValueError(f"{who}: sampled tokens at {bad} have no policy version")
-        if (self.versions[~mask] != NO_VERSION).any():
-            bad = np.flatnonzero(~mask & (self.versions != NO_VERSION))[:5].tolist()
+        mask = loss_mask.astype(bool)
+        rest = ~mask
+        sampled_versions = versions[mask]
+        # Non-decreasing from a first version >= 0 is all >= 0: one check for both.
+        decreasing = sampled_versions.size > 0 and (np.diff(sampled_versions) < 0).any()
+        if sampled_versions.size and (sampled_versions[0] < 0 or decreasing):
+            if (sampled_versions < 0).any():
+                bad = np.flatnonzero(mask & (versions < 0))[:5].tolist()
+                raise ValueError(f"{who}: sampled tokens at {bad} have no policy version")
+        if (versions[rest] != NO_VERSION).any():
+            bad = np.flatnonzero(rest & (versions != NO_VERSION))[:5].tolist()
             raise ValueError(f"{who}: non-sampled tokens at {bad} carry a version (expected -1)")
-        sampled_versions = self.versions[mask]
-        if (np.diff(sampled_versions) < 0).any():
+        if decreasing:
             i = int(np.flatnonzero(np.diff(sampled_versions) < 0)[0])
             raise ValueError(
                 f"{who}: versions decrease along the trajectory ({sampled_versions[i]} then "
                 f"{sampled_versions[i + 1]})"
             )
-        if np.isnan(self.logprobs[mask]).any() or (self.logprobs[mask] > 1e-4).any():
+        if not (logprobs[mask] <= 1e-4).all():  # False for NaN too
             raise ValueError(f"{who}: a sampled token has a NaN or positive logprob")
-        if not np.isnan(self.logprobs[~mask]).all():
+        if not np.isnan(logprobs[rest]).all():
             raise ValueError(f"{who}: a non-sampled token has a logprob (expected NaN)")
+        spans = self.spans
+        if not spans:
+            return
         position = 0
-        for span in self.spans:
+        for span in spans:
             if span.start != position or span.end < span.start:
                 raise ValueError(
                     f"{who}: span {span} does not start where the previous ended ({position})"
                 )
-            if (self.loss_mask[span.start : span.end] != int(span.sampled)).any():
-                raise ValueError(f"{who}: span {span} disagrees with loss_mask")
             position = span.end
-        if self.spans and position != n:
+        expected = np.repeat(np.array([span.sampled for span in spans], np.int8),
+                             [span.end - span.start for span in spans])  # fmt: skip
+        if not np.array_equal(expected, loss_mask[:position]):
+            span = next(s for s in spans if (loss_mask[s.start : s.end] != int(s.sampled)).any())
+            raise ValueError(f"{who}: span {span} disagrees with loss_mask")
+        if position != n:
             raise ValueError(f"{who}: spans cover {position} tokens of {n}")
 
     def __len__(self) -> int:
