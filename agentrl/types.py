@@ -57,6 +57,32 @@ class FailureKind(enum.StrEnum):
     JSON, a missing field, a message of the wrong type)."""
 
 
+def _quick_pickle(cls: type) -> type:
+    """Give a slots dataclass a cheaper pickle state: its field values as one tuple.
+
+    ``dataclass(slots=True)`` pickles through ``__getstate__``/``__setstate__`` that call
+    ``dataclasses.fields()`` for every object, both ways: a trajectory crossing from a
+    rollout worker (:mod:`agentrl.rollout.workers`) carries one per token span. The
+    state stays the values in field order, as there; unpickling sets them without
+    ``__init__``, as there (no ``__post_init__``: the object was checked when made).
+    """
+    names = tuple(f.name for f in dataclasses.fields(cls))
+    values = operator.attrgetter(*names)
+    setter = object.__setattr__  # frozen ones too
+
+    def __getstate__(self: Any) -> Any:
+        return values(self) if len(names) > 1 else (values(self),)
+
+    def __setstate__(self: Any, state: Any) -> None:
+        for name, value in zip(names, state, strict=True):
+            setter(self, name, value)
+
+    cls.__getstate__ = __getstate__  # type: ignore[attr-defined]
+    cls.__setstate__ = __setstate__  # type: ignore[attr-defined]
+    return cls
+
+
+@_quick_pickle
 @dataclasses.dataclass(frozen=True, slots=True)
 class RequestId:
     """The id of one generation call: its episode and a number unique in the process.
@@ -94,6 +120,7 @@ class RequestId:
         return cls(episode_id, int(serial))
 
 
+@_quick_pickle
 @dataclasses.dataclass(frozen=True, slots=True)
 class TokenSpan:
     """A contiguous run of tokens in a trajectory: ``token_ids[start:end]``."""
@@ -113,6 +140,7 @@ class TokenSpan:
         return _span_fields(self)
 
 
+@_quick_pickle
 @dataclasses.dataclass(slots=True)
 class Timings:
     """Seconds an episode spent in each place (wall clock, summed over turns)."""
@@ -138,6 +166,7 @@ def _array(values: Any, dtype: Any) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(values, dtype=dtype))
 
 
+@_quick_pickle
 @dataclasses.dataclass(eq=False, slots=True)
 class Trajectory:
     """One episode (or one training segment of it) as tokens plus what happened.
@@ -339,6 +368,7 @@ def failure_of(record: dict[str, Any], status: str) -> FailureKind | None:
     return FailureKind(prefix) if prefix in FailureKind._value2member_map_ else None
 
 
+@_quick_pickle
 @dataclasses.dataclass(frozen=True, slots=True)
 class Task:
     """One unit of work: an env id plus the seed every episode of its group shares."""
@@ -350,6 +380,7 @@ class Task:
     env_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
+@_quick_pickle
 @dataclasses.dataclass(slots=True)
 class Group:
     """The G episodes of one task: trained together once all of them have ended."""
@@ -386,6 +417,7 @@ class Group:
         return sum(len(t) for t in self.trajectories)
 
 
+@_quick_pickle
 @dataclasses.dataclass(slots=True)
 class SegmentArrays:
     """The token arrays of one segment of an unfinished episode."""
@@ -403,6 +435,7 @@ class SegmentArrays:
         self.loss_mask = _array(self.loss_mask, np.int8)
 
 
+@_quick_pickle
 @dataclasses.dataclass(slots=True)
 class PartialEpisode:
     """An unfinished episode, exactly as far as it got: enough to continue it.
