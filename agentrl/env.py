@@ -47,6 +47,9 @@ from agentrl.lanes import ThreadLane
 Message = dict[str, Any]
 Observation = str | list[Message]
 
+_STATE_JSON = json.JSONEncoder(allow_nan=False)
+"""Checks that an env state is JSON (``json.dumps(state, allow_nan=False)``, whose
+non-default argument builds a new encoder per call: this runs after every env step)."""
 _SAMPLE_CHARSET = string.ascii_letters + string.digits + string.punctuation + " \n"
 
 
@@ -376,7 +379,7 @@ class EnvHandle:
             return None
         state = self.inner.get_state()
         try:
-            json.dumps(state, allow_nan=False)
+            _STATE_JSON.encode(state)
         except (TypeError, ValueError):
             return None  # not storable: resume will replay the actions instead
         return state
