@@ -23,7 +23,7 @@ from agentrl.errors import ConfigError, StoreError
 from agentrl.queue import TrajectoryQueue
 from agentrl.rollout import EpisodeRunner, RolloutConfig, Scheduler, tasks_for
 from agentrl.store import SCHEMA_VERSION, EpisodeStore, StoreWriter
-from agentrl.types import FailureKind, PartialEpisode, Task, Trajectory
+from agentrl.types import FailureKind, Group, PartialEpisode, Task, Trajectory
 from tests.rollout.fakes import ScriptedClient
 
 
@@ -348,6 +348,98 @@ def test_episode_ends_written_together_store_what_writing_them_one_by_one_stores
         assert states == [(ids[0], "finished"), (ids[1], "retried"), (ids[2], "paused")]
         partials = db.execute("SELECT episode_id, attempt FROM partials ORDER BY 1").fetchall()
         assert partials == [(ids[1], 1), (ids[2], 0)]
+
+
+def test_a_batch_of_interleaved_lifecycles_stores_what_each_write_in_order_stores(
+    tmp_path: Path, tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer writes a run of task, start, end and group writes kind by kind, one
+    statement run each; every row is what writing each op in the order submitted writes
+    (task positions, a retried attempt restarted in the same run, groups completed after
+    their ends), and checkpoints, drops and versions between runs keep their places."""
+    runs = {seed: asyncio.run(run_with_checkpoints(tokenizer, "tests/Counter-v0", seed))
+            for seed in (3, 4)}  # fmt: skip
+    tasks = {seed: Task(f"t#{seed}", "tests/Counter-v0", seed) for seed in (3, 4, 5)}
+    ends3 = runs[3][0]
+    ends4 = runs[4][0]
+    ends4_retry = [dataclasses.replace(t, attempt=1) for t in ends4]
+    snap3 = runs[3][1][1]
+    snap4_retry = dataclasses.replace(runs[4][1][1], attempt=1)
+    snap5_retry = dataclasses.replace(snap3, episode_id="t#5/0", attempt=1, task=tasks[5])
+    ops: list[tuple[str, tuple[Any, ...]]] = [
+        ("task", (tasks[3], 1)), ("started", ("t#3/0", tasks[3], 0, 0)),
+        ("task", (tasks[4], 1)), ("started", ("t#4/0", tasks[4], 0, 0)),
+        ("partial", (snap3,)),
+        ("episode", (ends3, False)), ("group", (Group(tasks[3], 1, ends3),)),
+        ("task", (tasks[5], 1)), ("started", ("t#5/0", tasks[5], 0, 0)),
+        ("episode", (ends4, True)), ("started", ("t#4/0", tasks[4], 1, 0)),
+        ("task", (tasks[3], 1)),  # known already: left as it is
+        ("dropped", ("t#5/0", 0, "dropped at a weight update")),
+        ("started", ("t#5/0", tasks[5], 1, 1)), ("partial", (snap5_retry,)),
+        ("partial", (snap4_retry,)),  # made moot by its end below, as snap3 is
+        ("episode", (ends4_retry, False)), ("group", (Group(tasks[4], 1, ends4_retry),)),
+        ("version", (1, "full", "here", {"step": 1})),
+    ]  # fmt: skip
+
+    def rows(store: EpisodeStore) -> dict[str, list[tuple[Any, ...]]]:
+        db = store._db
+        out = {}
+        for table, drop in (("tasks", set()), ("trajectories", {"created_at"}),
+                            ("episodes", {"updated_at"}), ("partials", {"written_at"}),
+                            ("versions", {"published_at"})):  # fmt: skip
+            names = [r[1] for r in db.execute(f"PRAGMA table_info({table})") if r[1] not in drop]
+            out[table] = db.execute(
+                f"SELECT {', '.join(names)} FROM {table} ORDER BY 1, 2"
+            ).fetchall()
+        return out
+
+    one_by_one = {
+        "task": lambda store, task, size: store.add_tasks([task], size),
+        "started": EpisodeStore.episode_started,
+        "partial": lambda store, p: store.save_partials([p]),
+        "episode": lambda store, ts, retried: store.save_episode(ts, retried=retried),
+        "group": EpisodeStore.complete_group,
+        "dropped": EpisodeStore.drop_episode,
+        "version": EpisodeStore.record_version,
+    }
+    with EpisodeStore.open(tmp_path / "one") as store:
+        for kind, args in ops:
+            one_by_one[kind](store, *args)
+        expected = rows(store)
+
+    async def batched() -> tuple[dict[str, list[tuple[Any, ...]]], list[tuple[str, int]]]:
+        calls: list[tuple[str, int]] = []
+        with EpisodeStore.open(tmp_path / "batched") as store:
+            for name in ("add_sized_tasks", "episodes_started", "save_episodes",
+                         "complete_groups", "save_partials"):  # fmt: skip
+                method = getattr(store, name)
+
+                def spy(items: Any, *a: Any, _name: str = name, _method: Any = method,
+                        **k: Any) -> Any:  # fmt: skip
+                    calls.append((_name, len(items)))
+                    return _method(items, *a, **k)
+
+                monkeypatch.setattr(store, name, spy)
+            async with StoreWriter(store, interval_s=60) as writer:
+                submit = {"task": writer.task, "started": writer.started,
+                          "partial": writer.partial, "group": writer.group,
+                          "dropped": writer.dropped, "version": writer.version,
+                          "episode": lambda ts, r: writer.episode(ts, retried=r)}  # fmt: skip
+                for kind, args in ops:
+                    submit[kind](*args)
+            return rows(store), calls
+
+    got, calls = asyncio.run(batched())
+    assert got == expected
+    assert calls == [
+        ("add_sized_tasks", 4), ("episodes_started", 4), ("save_episodes", 2),
+        ("complete_groups", 1),  # then the drop
+        ("episodes_started", 1), ("save_partials", 1), ("save_episodes", 1),
+        ("complete_groups", 1),  # then the version
+    ], "each run's writes of a kind went in one call, the runs in the order submitted"
+    assert [(r[0], r[1]) for r in got["partials"]] == [("t#5/0", 1)]
+    assert [r[0] for r in got["tasks"]] == ["t#3", "t#4", "t#5"]
+    assert [r[1] for r in got["tasks"]] == [0, 1, 2], "positions in the order submitted"
 
 
 def test_crash_mid_run_then_resume_runs_every_task_exactly_once(

@@ -152,21 +152,25 @@ class EpisodeStore:
 
     def add_tasks(self, tasks: Iterable[Task], group_size: int) -> int:
         """Record tasks (known ones are left as they are); return how many were new."""
+        return self.add_sized_tasks([(task, group_size) for task in tasks])
+
+    def add_sized_tasks(self, tasks: Sequence[tuple[Task, int]]) -> int:
+        """:meth:`add_tasks` for ``(task, group_size)`` pairs, in order, in one statement
+        run for all of them (``executemany``: the store writer's batches). Each new task
+        takes the next position (the largest so far, through its index, plus one)."""
+        rows = [(task.task_id, task.env_id, task.seed,
+                 None if task.options is None else dump_json(task.options),
+                 dump_json(task.env_kwargs), group_size) for task, group_size in tasks]  # fmt: skip
+        if not rows:
+            return 0
         with self._tx() as db:
-            position = db.execute("SELECT COALESCE(MAX(position), -1) FROM tasks").fetchone()[0]
-            added = 0
-            for task in tasks:
-                cur = db.execute(
-                    "INSERT OR IGNORE INTO tasks (task_id, position, env_id, seed, options, "
-                    "env_kwargs, group_size) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (task.task_id, position + 1, task.env_id, task.seed,
-                     None if task.options is None else dump_json(task.options),
-                     dump_json(task.env_kwargs), group_size),
-                )  # fmt: skip
-                if cur.rowcount:
-                    position += 1
-                    added += 1
-            return added
+            cur = db.executemany(
+                "INSERT OR IGNORE INTO tasks (task_id, position, env_id, seed, options, "
+                "env_kwargs, group_size) VALUES (?, (SELECT COALESCE(MAX(position), -1) + 1 "
+                "FROM tasks), ?, ?, ?, ?, ?)",
+                rows,
+            )
+            return cur.rowcount
 
     def tasks(self, state: str | None = None) -> list[Task]:
         """Tasks in the order they were added (optionally only those in ``state``)."""
@@ -185,14 +189,21 @@ class EpisodeStore:
     # -- episodes ----------------------------------------------------------------------
 
     def episode_started(self, episode_id: str, task: Task, attempt: int, version: int) -> None:
+        self.episodes_started([(episode_id, task, attempt, version)])
+
+    def episodes_started(self, starts: Sequence[tuple[str, Task, int, int]]) -> None:
+        """Record ``(episode_id, task, attempt, version)`` attempts as running, in order,
+        in one statement run for all of them (``executemany``)."""
+        now = time.time()
         with self._tx() as db:
-            db.execute(
+            db.executemany(
                 "INSERT INTO episodes (episode_id, attempt, task_id, env_id, state, "
                 "started_version, updated_at) VALUES (?, ?, ?, ?, 'running', ?, ?) "
                 "ON CONFLICT (episode_id, attempt) DO UPDATE SET state = 'running', "
                 "updated_at = excluded.updated_at",
-                (episode_id, attempt, task.task_id, task.env_id, version, time.time()),
-            )
+                [(episode_id, attempt, task.task_id, task.env_id, version, now)
+                 for episode_id, task, attempt, version in starts],
+            )  # fmt: skip
 
     def save_partials(self, partials: Sequence[PartialEpisode | PartialRow]) -> None:
         """Checkpoint unfinished episodes, all in one transaction (replacing older ones).
@@ -387,10 +398,14 @@ class EpisodeStore:
 
     def complete_group(self, group: Group) -> None:
         """Mark a task's group complete (all its episodes ended): ready to train."""
+        self.complete_groups([group])
+
+    def complete_groups(self, groups: Sequence[Group]) -> None:
+        """:meth:`complete_group` for several, in one statement run (``executemany``)."""
         with self._tx() as db:
-            db.execute(
+            db.executemany(
                 "UPDATE tasks SET state = 'complete' WHERE task_id = ? AND state = 'pending'",
-                (group.task.task_id,),
+                [(group.task.task_id,) for group in groups],
             )
 
     def untrained_groups(self) -> list[Group]:

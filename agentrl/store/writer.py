@@ -184,46 +184,72 @@ class StoreWriter:
                 self._failure = error
 
     def _apply(self, ops: list[Op]) -> None:
-        store = self.store
-        # Consecutive checkpoints, and consecutive episode ends, are written together
-        # (one executemany per statement): the order between kinds is kept.
-        partials: list[Any] = []
-        ends: list[Any] = []
+        """Write ``ops`` in one transaction, each kind's consecutive writes together.
 
-        def write_runs() -> None:
+        A batch is cut into runs: checkpoints (``partial``), and episode lifecycles (the
+        ``task``, ``started``, ``episode`` end and ``group`` ops between two checkpoints
+        or other writes). A run of checkpoints is one statement run for all of them
+        (``executemany``); a lifecycle run writes its tasks, then its starts, then its
+        ends, then its completed groups, each kind as one statement run. That order
+        keeps what the order of submission guarantees: an episode's task was submitted
+        before its start, its start before its end, a group's ends before the group, and
+        these kinds touch no row of one another's otherwise. A checkpoint stays between
+        the ends submitted before it and after it (an end deletes its episode's
+        checkpoint), and ``dropped`` and ``version`` writes stay where they were.
+        """
+        store = self.store
+        partials: list[Any] = []
+        tasks: list[tuple[Task, int]] = []
+        starts: list[tuple[str, Task, int, int]] = []
+        ends: list[tuple[list[Trajectory], bool]] = []
+        groups: list[Group] = []
+
+        def write_partials() -> None:
             if partials:
                 store.save_partials(partials)
                 partials.clear()
+
+        def write_lifecycles() -> None:
+            if tasks:
+                store.add_sized_tasks(tasks)
+                tasks.clear()
+            if starts:
+                store.episodes_started(starts)
+                starts.clear()
             if ends:
                 store.save_episodes(ends)
                 ends.clear()
+            if groups:
+                store.complete_groups(groups)
+                groups.clear()
 
         with store.batch():
             for i, (kind, payload) in enumerate(ops):
                 if i == 1:
                     faults.point("store_write")
+                if kind == "superseded":  # a checkpoint an end made moot: nothing to write
+                    continue
                 if kind == "partial":
-                    if ends:
-                        write_runs()
+                    write_lifecycles()
                     partials.append(payload)
                     continue
-                if kind == "episode":
-                    if partials:
-                        write_runs()
-                    ends.append(payload)
-                    continue
-                write_runs()
+                write_partials()
                 if kind == "task":
-                    store.add_tasks([payload[0]], payload[1])
+                    tasks.append(payload)
                 elif kind == "started":
-                    store.episode_started(*payload)
-                elif kind == "dropped":
-                    store.drop_episode(*payload)
+                    starts.append(payload)
+                elif kind == "episode":
+                    ends.append(payload)
                 elif kind == "group":
-                    store.complete_group(payload)
-                elif kind == "version":
-                    store.record_version(*payload)
-            write_runs()
+                    groups.append(payload)
+                else:
+                    write_lifecycles()
+                    if kind == "dropped":
+                        store.drop_episode(*payload)
+                    elif kind == "version":
+                        store.record_version(*payload)
+            write_partials()
+            write_lifecycles()
 
     async def _run(self) -> None:
         assert self._wake is not None

@@ -101,7 +101,7 @@ async def test_a_failed_background_commit_is_raised_at_the_next_call(
         raise sqlite3.OperationalError("disk I/O error")
 
     with EpisodeStore.open(tmp_path) as store:
-        monkeypatch.setattr(store, "episode_started", broken_disk)
+        monkeypatch.setattr(store, "episodes_started", broken_disk)
         writer = StoreWriter(store, interval_s=0.01)
         with pytest.raises(StoreError, match="disk I/O error") as at_exit:
             async with writer:
