@@ -436,7 +436,7 @@ def test_a_batch_of_interleaved_lifecycles_stores_what_each_write_in_order_store
         ("complete_groups", 1),  # then the drop
         ("episodes_started", 1), ("save_partials", 1), ("save_episodes", 1),
         ("complete_groups", 1),  # then the version
-    ], "each run's writes of a kind went in one call, the runs in the order submitted"
+    ], "each run's writes of a kind went in one call, the runs in the order submitted"  # fmt: skip
     assert [(r[0], r[1]) for r in got["partials"]] == [("t#5/0", 1)]
     assert [r[0] for r in got["tasks"]] == ["t#3", "t#4", "t#5"]
     assert [r[1] for r in got["tasks"]] == [0, 1, 2], "positions in the order submitted"
