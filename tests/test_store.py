@@ -276,6 +276,22 @@ def test_writer_batches_in_order_and_keeps_only_the_newest_checkpoint(
     asyncio.run(main())
 
 
+WRITE_TIMES = {"trajectories": "created_at", "episodes": "updated_at",
+               "partials": "written_at", "versions": "published_at"}  # fmt: skip
+"""The column of each table that holds when a row was written (differs between runs)."""
+
+
+def table_rows(store: EpisodeStore, tables: tuple[str, ...]) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of ``tables`` but their write times, sorted by the first two columns."""
+    db = store._db
+    out = {}
+    for table in tables:
+        names = [r[1] for r in db.execute(f"PRAGMA table_info({table})")
+                 if r[1] != WRITE_TIMES.get(table)]  # fmt: skip
+        out[table] = db.execute(f"SELECT {', '.join(names)} FROM {table} ORDER BY 1, 2").fetchall()
+    return out
+
+
 def test_episode_ends_written_together_store_what_writing_them_one_by_one_stores(
     tmp_path: Path, tokenizer: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -296,15 +312,7 @@ def test_episode_ends_written_together_store_what_writing_them_one_by_one_stores
     retry = dataclasses.replace(runs[1][1][2], attempt=1)  # the retried episode's next attempt
 
     def rows(store: EpisodeStore) -> dict[str, list[tuple[Any, ...]]]:
-        db = store._db
-        out = {}
-        for table, drop in (("trajectories", {"created_at"}), ("episodes", {"updated_at"}),
-                            ("partials", {"written_at"})):  # fmt: skip
-            names = [r[1] for r in db.execute(f"PRAGMA table_info({table})") if r[1] not in drop]
-            out[table] = db.execute(
-                f"SELECT {', '.join(names)} FROM {table} ORDER BY 1, 2"
-            ).fetchall()
-        return out
+        return table_rows(store, ("trajectories", "episodes", "partials"))
 
     with EpisodeStore.open(tmp_path / "one") as store:
         store.add_tasks(tasks, 1)
@@ -382,16 +390,7 @@ def test_a_batch_of_interleaved_lifecycles_stores_what_each_write_in_order_store
     ]  # fmt: skip
 
     def rows(store: EpisodeStore) -> dict[str, list[tuple[Any, ...]]]:
-        db = store._db
-        out = {}
-        for table, drop in (("tasks", set()), ("trajectories", {"created_at"}),
-                            ("episodes", {"updated_at"}), ("partials", {"written_at"}),
-                            ("versions", {"published_at"})):  # fmt: skip
-            names = [r[1] for r in db.execute(f"PRAGMA table_info({table})") if r[1] not in drop]
-            out[table] = db.execute(
-                f"SELECT {', '.join(names)} FROM {table} ORDER BY 1, 2"
-            ).fetchall()
-        return out
+        return table_rows(store, ("tasks", "trajectories", "episodes", "partials", "versions"))
 
     one_by_one = {
         "task": lambda store, task, size: store.add_tasks([task], size),

@@ -209,19 +209,17 @@ class StoreWriter:
                 store.save_partials(partials)
                 partials.clear()
 
+        # In this order (see above): tasks, starts, ends, groups.
+        lifecycle_writes: list[tuple[list[Any], Any]] = [
+            (tasks, store.add_sized_tasks), (starts, store.episodes_started),
+            (ends, store.save_episodes), (groups, store.complete_groups),
+        ]  # fmt: skip
+
         def write_lifecycles() -> None:
-            if tasks:
-                store.add_sized_tasks(tasks)
-                tasks.clear()
-            if starts:
-                store.episodes_started(starts)
-                starts.clear()
-            if ends:
-                store.save_episodes(ends)
-                ends.clear()
-            if groups:
-                store.complete_groups(groups)
-                groups.clear()
+            for pending, write in lifecycle_writes:
+                if pending:
+                    write(pending)
+                    pending.clear()
 
         with store.batch():
             for i, (kind, payload) in enumerate(ops):
