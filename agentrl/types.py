@@ -65,6 +65,8 @@ def _quick_pickle(cls: type) -> type:
     rollout worker (:mod:`agentrl.rollout.workers`) carries one per token span. The
     state stays the values in field order, as there; unpickling sets them without
     ``__init__``, as there (no ``__post_init__``: the object was checked when made).
+    Only that wire pickles them, with this version at both ends: nothing persisted is
+    pickled (the store and trainer checkpoints are JSON and raw arrays).
     """
     names = tuple(f.name for f in dataclasses.fields(cls))
     values = operator.attrgetter(*names)
@@ -273,9 +275,10 @@ class Trajectory:
             position = span.end
         expected = np.repeat(np.array([span.sampled for span in spans], np.int8),
                              [span.end - span.start for span in spans])  # fmt: skip
-        if not np.array_equal(expected, loss_mask[:position]):
-            span = next(s for s in spans if (loss_mask[s.start : s.end] != int(s.sampled)).any())
-            raise ValueError(f"{who}: span {span} disagrees with loss_mask")
+        if not np.array_equal(expected, loss_mask[:position]):  # or spans past the end
+            wrong = [s for s in spans if (loss_mask[s.start : s.end] != int(s.sampled)).any()]
+            if wrong:
+                raise ValueError(f"{who}: span {wrong[0]} disagrees with loss_mask")
         if position != n:
             raise ValueError(f"{who}: spans cover {position} tokens of {n}")
 

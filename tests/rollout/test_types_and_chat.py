@@ -43,6 +43,11 @@ def test_trajectory_invariants_name_what_is_wrong() -> None:
                                                 TokenSpan("env", 3, 4, 1))),
         "does not start where": dict(spans=(TokenSpan("prompt", 0, 1, 0),
                                             TokenSpan("assistant", 2, 3, 0))),
+        "spans cover 3 tokens of 4": dict(spans=(TokenSpan("prompt", 0, 1, 0),
+                                                 TokenSpan("assistant", 1, 3, 0))),
+        "spans cover 5 tokens of 4": dict(spans=(TokenSpan("prompt", 0, 1, 0),
+                                                 TokenSpan("assistant", 1, 3, 0),
+                                                 TokenSpan("env", 3, 5, 1))),
         "status": dict(status="done"),
         "with failure kind": dict(failure=FailureKind.ENV_TIMEOUT),  # but status finished
     }  # fmt: skip
