@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import re
 import string
 import threading
@@ -43,13 +42,11 @@ from agentrl.config import EnvConfig
 from agentrl.config.sections import DATASET_ENV_ID
 from agentrl.errors import ConfigError
 from agentrl.lanes import ThreadLane
+from agentrl.types import dump_json
 
 Message = dict[str, Any]
 Observation = str | list[Message]
 
-_STATE_JSON = json.JSONEncoder(allow_nan=False)
-"""Checks that an env state is JSON (``json.dumps(state, allow_nan=False)``, whose
-non-default argument builds a new encoder per call: this runs after every env step)."""
 _SAMPLE_CHARSET = string.ascii_letters + string.digits + string.punctuation + " \n"
 
 
@@ -379,7 +376,7 @@ class EnvHandle:
             return None
         state = self.inner.get_state()
         try:
-            _STATE_JSON.encode(state)
+            dump_json(state)
         except (TypeError, ValueError):
             return None  # not storable: resume will replay the actions instead
         return state

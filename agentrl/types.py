@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 import math
 import operator
 from typing import Any, Literal
@@ -55,6 +56,18 @@ class FailureKind(enum.StrEnum):
     ENV_PROTOCOL = "env_protocol"
     """The env server answered with something that is not the OpenEnv protocol (not
     JSON, a missing field, a message of the wrong type)."""
+
+
+_JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+"""One encoder for every value: ``json.dumps`` with these arguments builds a new encoder
+per call (0.8 us here, about what encoding a task's kwargs costs)."""
+
+
+def dump_json(value: Any) -> str:
+    """Compact JSON; NaN and infinity are refused (they are not JSON): ``ValueError``,
+    and ``TypeError`` for what JSON cannot hold. The store's rows and the env-state check
+    after every env step use it."""
+    return _JSON.encode(value)
 
 
 def _quick_pickle(cls: type) -> type:
