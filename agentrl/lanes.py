@@ -183,6 +183,7 @@ def _serve(calls: queue.SimpleQueue[Any], shared: _Shared) -> None:
             return
         fn, args, future, inbox = item
         value = None
+        counted = False
         try:
             if shared.cancel:  # closed with cancel_pending: the waiting calls never run
                 inbox.call_soon(future.cancel)
@@ -193,7 +194,12 @@ def _serve(calls: queue.SimpleQueue[Any], shared: _Shared) -> None:
                 value, ok = fn(*args), True
             except BaseException as e:  # handed to the awaiting task, as an executor does
                 value, ok = e, False
+            # Finished before the result is posted: the awaiting task may run (and read
+            # ``busy``, say to hand the lane on) before this thread runs another line.
+            shared.finished += 1
+            counted = True
             inbox.post(future, ok, value)
         finally:
-            shared.finished += 1
+            if not counted:
+                shared.finished += 1
             item = fn = args = value = None  # nothing held while the thread waits
