@@ -1,16 +1,17 @@
-"""ThreadLane: a worker thread awaited from an event loop (agentrl.lanes)."""
+"""ThreadLane, a worker thread awaited from an event loop, and Deadlines (agentrl.lanes)."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import math
 import threading
 import time
 from typing import Any
 
 import pytest
 
-from agentrl.lanes import ThreadLane
+from agentrl.lanes import Deadlines, ThreadLane
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -158,3 +159,132 @@ def test_a_call_hung_past_its_deadline_does_not_hold_up_the_exit() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=30)  # fmt: skip
     assert done.returncode == 0 and done.stdout.strip() == "timed out", done.stderr
+
+
+# Deadlines: asyncio.timeout for many same-length calls, on one loop timer
+
+
+async def test_a_scope_past_its_deadline_raises_timeout_error_neither_early_nor_much_late() -> None:
+    deadlines = Deadlines(0.2, resolution=0.02)
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    with pytest.raises(TimeoutError):
+        async with deadlines():
+            await asyncio.sleep(5)
+    waited = loop.time() - t0
+    assert 0.2 <= waited < 0.2 + 0.02 + 0.1, waited
+    assert deadlines.pending == 0
+    # Calls that finish in time are untouched, and leave nothing behind.
+    async with deadlines():
+        await asyncio.sleep(0.01)
+    assert deadlines.pending == 0
+    assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
+
+
+async def test_many_scopes_expire_each_at_its_own_deadline_on_one_timer() -> None:
+    deadlines = Deadlines(0.3, resolution=0.01)
+    loop = asyncio.get_running_loop()
+    heap_before = len(loop._scheduled)  # type: ignore[attr-defined]
+    outcomes: dict[int, str] = {}
+    started: dict[int, float] = {}
+    ended: dict[int, float] = {}
+
+    async def call(i: int, seconds: float) -> None:
+        started[i] = loop.time()
+        try:
+            async with deadlines():
+                await asyncio.sleep(seconds)
+            outcomes[i] = "done"
+        except TimeoutError:
+            outcomes[i] = "timed out"
+        ended[i] = loop.time()
+
+    tasks = []
+    for i in range(200):  # every other call hangs; entries spread over 0.1 s
+        tasks.append(asyncio.create_task(call(i, 10 if i % 2 else 0.05)))
+        if i % 20 == 19:
+            await asyncio.sleep(0.01)
+    await asyncio.sleep(0)
+    # The sleeps are on the heap (one each); the deadlines add one timer, not 200.
+    assert len(loop._scheduled) <= heap_before + 200 + 1  # type: ignore[attr-defined]
+    await asyncio.gather(*tasks)
+    assert [outcomes[i] for i in range(200)] == ["timed out" if i % 2 else "done"
+                                                 for i in range(200)]  # fmt: skip
+    late = [ended[i] - started[i] - 0.3 for i in range(1, 200, 2)]
+    assert min(late) >= 0 and max(late) < 0.01 + 0.1, (min(late), max(late))
+    assert deadlines.pending == 0
+
+
+async def test_a_cancel_from_elsewhere_stays_a_cancel_and_counts_stay_balanced() -> None:
+    deadlines = Deadlines(10)
+    inner_entered = asyncio.Event()
+
+    async def hangs() -> None:
+        async with deadlines():
+            inner_entered.set()
+            await asyncio.sleep(30)
+
+    task = asyncio.create_task(hangs())
+    await inner_entered.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert deadlines.pending == 0
+
+    # Expired and cancelled from elsewhere at once: a cancel, as asyncio.timeout does.
+    both = Deadlines(0.05, resolution=0.01)
+
+    seen: list[str] = []
+
+    async def expires_then_cancelled() -> None:
+        try:
+            async with both():
+                try:
+                    await asyncio.sleep(30)
+                except asyncio.CancelledError:
+                    asyncio.current_task().cancel()  # type: ignore[union-attr]
+                    raise
+        except TimeoutError:
+            seen.append("timeout")
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+            raise
+
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.create_task(expires_then_cancelled())
+    assert seen == ["cancelled"]
+
+    # Nested in an outer asyncio.timeout that fires first: the outer one's TimeoutError.
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.05):
+            async with Deadlines(10)():
+                await asyncio.sleep(30)
+
+
+async def test_a_scope_is_entered_once_and_only_in_a_task() -> None:
+    deadlines = Deadlines(1)
+    scope = deadlines()
+    async with scope:
+        pass
+    with pytest.raises(RuntimeError, match="entered once"):
+        async with scope:
+            pass
+    with pytest.raises(ValueError, match="positive number of seconds"):
+        Deadlines(0)
+    async with Deadlines(math.inf)():  # no deadline at all
+        await asyncio.sleep(0.01)
+
+
+def test_deadlines_start_afresh_on_a_new_loop() -> None:
+    deadlines = Deadlines(0.1, resolution=0.01)
+
+    async def once() -> str:
+        try:
+            async with deadlines():
+                await asyncio.sleep(5)
+        except TimeoutError:
+            return "timed out"
+        return "done"
+
+    assert asyncio.run(once()) == "timed out"
+    assert asyncio.run(once()) == "timed out"  # the first loop's timer went with it

@@ -275,7 +275,9 @@ class RolloutConfig:
     tool_timeout_s: float = 10.0
     """Deadline for one tool call; past it the call returns an error to the model."""
     env_timeout_s: float = 60.0
-    """Deadline for one env reset or step; past it the episode fails."""
+    """Deadline for one env call (make, reset, step, close); past it the episode fails.
+    It fires within min(50 ms, 1/64 of it) after the deadline (the calls share one loop
+    timer: agentrl.lanes.Deadlines). inf: no deadline."""
     max_staleness: int | None = 1
     """An episode admitted at version v is trained by version v + max_staleness
     (unset in Python: no bound)."""
@@ -305,6 +307,12 @@ class RolloutConfig:
                 f"rollout.checkpoint_interval_s = {self.checkpoint_interval_s!r}; it must be "
                 ">= 0 (0: a checkpoint at every turn boundary)"
             )
+        for name in ("env_timeout_s", "tool_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(
+                    f"rollout.{name} = {getattr(self, name)!r}; it must be a number of "
+                    "seconds > 0 (inf: no deadline)"
+                )
         if self.max_staleness is not None and self.max_staleness < 0:
             raise ConfigError(f"rollout.max_staleness = {self.max_staleness!r}; it must be >= 0")
         if not self.temperature >= 0:

@@ -25,6 +25,7 @@ from agentrl.chat.formats import ChatFormat
 from agentrl.config import RolloutConfig
 from agentrl.env import EnvHandle, supports_state
 from agentrl.errors import InfraError, RemoteEnvError
+from agentrl.lanes import Deadlines
 from agentrl.metrics import Metrics
 from agentrl.rollout.episode import EnvFailure, EpisodeState
 from agentrl.rollout.verify import verify_log
@@ -38,6 +39,8 @@ class EnvCalls:
     """Env handling for :class:`~agentrl.rollout.runner.EpisodeRunner` (a base class)."""
 
     config: RolloutConfig
+    env_deadlines: Deadlines
+    """``rollout.env_timeout_s`` for every env call, on one loop timer."""
     metrics: Metrics
     make: Callable[..., Any]
     tokenizer: Any
@@ -60,7 +63,7 @@ class EnvCalls:
         self.metrics.count("replay_checks")
         make = functools.partial(self.make, env_id, **ep.task.env_kwargs)
         try:
-            async with asyncio.timeout(self.config.env_timeout_s):
+            async with self.env_deadlines():
                 env = await asyncio.to_thread(make)
                 result = await asyncio.to_thread(verify_log, env, ep.task, ep.env_log)
             difference = result.difference
@@ -90,10 +93,10 @@ class EnvCalls:
         error = None
         if ep.toolset is not None and ep.toolset.holds_sessions:  # MCP sessions, before the env
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.config.env_timeout_s):
+                async with self.env_deadlines():
                     await ep.toolset.aclose()
         try:
-            async with asyncio.timeout(self.config.env_timeout_s):
+            async with self.env_deadlines():
                 await ep.handle.close()
         except TimeoutError:
             error = f"close took longer than {self.config.env_timeout_s} s"
@@ -213,7 +216,9 @@ class EnvCalls:
         failures fail the episode."""
         t0 = time.perf_counter()
         try:
-            async with asyncio.timeout(self.config.env_timeout_s if deadline else None):
+            if not deadline:
+                return await fn(*args)
+            async with self.env_deadlines():
                 return await fn(*args)
         except TimeoutError:
             raise EnvFailure(

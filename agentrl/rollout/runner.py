@@ -47,7 +47,7 @@ from agentrl.config import RolloutConfig
 from agentrl.env import make_env
 from agentrl.errors import ContextOverflowError, InfraError, RemoteEnvError
 from agentrl.inference.base import InferenceClient
-from agentrl.lanes import ThreadLane
+from agentrl.lanes import Deadlines, ThreadLane
 from agentrl.metrics import Metrics
 from agentrl.rollout.envside import (
     TOOL_NEVER_RAN,
@@ -137,6 +137,7 @@ class EpisodeRunner(EnvCalls):
         """The trace track its episodes go to (evaluation uses its own)."""
         self.tokenizer = tokenizer
         self.config = config or RolloutConfig()
+        self.env_deadlines = Deadlines(self.config.env_timeout_s)
         self.metrics = metrics or Metrics()
         self.make = make
         self.admission = admission
