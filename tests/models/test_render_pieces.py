@@ -263,3 +263,59 @@ def test_decode_is_the_tokenizers_decode(tokenizers: dict[str, Any]) -> None:
     tok.__class__ = Shouting
     ids = tok.encode("hello there", add_special_tokens=False)
     assert decode(tok, ids) == "HELLO THERE"
+
+
+def test_direct_renderings_are_apply_chat_templates_text(
+    tokenizers: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """RenderTokenizer.text renders the compiled template itself (not through
+    apply_chat_template's bookkeeping): the very text, for every family's real template,
+    with and without tools and template kwargs; and a rendering that differs sends the
+    template back to apply_chat_template for good."""
+    from agentrl.chat import rendering
+
+    conv = sample_conversation()
+    for name, tok in tokenizers.items():
+        pieces = RenderTokenizer.for_tokenizer(tok)
+        assert pieces is not None
+        for kwargs in ({}, {"enable_thinking": False}):
+            for tools in (None, [ADD_SCHEMA]):
+                for end in range(2, len(conv) + 1):
+                    for gen in (False, True):
+                        expected = tok.apply_chat_template(
+                            conv[:end], tools=tools, add_generation_prompt=gen,
+                            tokenize=False, **kwargs,
+                        )  # fmt: skip
+                        got = pieces.text(conv[:end], add_generation_prompt=gen, tools=tools,
+                                          template_kwargs=kwargs)  # fmt: skip
+                        assert got == expected, (name, kwargs, tools is None, end, gen)
+                        source = tok.get_chat_template(None, tools)
+                        assert rendering._TEMPLATES[source] is not None, name  # rendered direct
+
+    # A template kwarg that apply_chat_template takes for itself: rendered through it.
+    tok = tokenizers["qwen2.5"]
+    pieces = RenderTokenizer.for_tokenizer(tok)
+    assert pieces is not None
+    got = pieces.text(conv[:2], add_generation_prompt=True, tools=None,
+                      template_kwargs={"continue_final_message": False})  # fmt: skip
+    assert got == tok.apply_chat_template(conv[:2], add_generation_prompt=True, tokenize=False)
+
+    # A direct rendering that differs (here: made to) is caught at the template's first
+    # rendering, and that template renders through apply_chat_template from then on.
+    from jinja2 import Template
+
+    source = tok.get_chat_template(None, None)
+    saved = rendering._TEMPLATES[source]
+    try:
+        rendering._TEMPLATES[source] = Template("not the template")
+        rendering._CHECKED.discard(source)
+        expected = tok.apply_chat_template(conv[:2], add_generation_prompt=True, tokenize=False)
+        with caplog.at_level("WARNING", logger="agentrl.chat.rendering"):
+            assert pieces.text(conv[:2], add_generation_prompt=True, tools=None,
+                               template_kwargs={}) == expected  # fmt: skip
+        assert rendering._TEMPLATES[source] is None
+        assert "differed from apply_chat_template" in caplog.text
+        assert pieces.text(conv[:2], add_generation_prompt=True, tools=None,
+                           template_kwargs={}) == expected  # fmt: skip
+    finally:
+        rendering._TEMPLATES[source] = saved
