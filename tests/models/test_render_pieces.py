@@ -319,3 +319,17 @@ def test_direct_renderings_are_apply_chat_templates_text(
                            template_kwargs={}) == expected  # fmt: skip
     finally:
         rendering._TEMPLATES[source] = saved
+
+
+def test_end_of_turn_ids_follow_the_tokenizer_when_it_changes() -> None:
+    """A conversation's end-of-turn ids are remembered per tokenizer, and read again once
+    its EOS or vocabulary changes."""
+    tok = build_tokenizer(family("qwen2.5"))
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    first = Conversation(tok, [{"role": "user", "content": "hi"}]).end_of_turn_ids
+    assert im_end in first and tok.eos_token_id in first
+    tok.add_special_tokens({"eos_token": "<|my_eos|>"})
+    again = Conversation(tok, [{"role": "user", "content": "hi"}]).end_of_turn_ids
+    assert tok.convert_tokens_to_ids("<|my_eos|>") in again and im_end in again
+    again.add(-1)  # each conversation has its own set
+    assert -1 not in Conversation(tok, [{"role": "user", "content": "hi"}]).end_of_turn_ids
