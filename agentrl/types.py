@@ -182,7 +182,7 @@ def _array(values: Any, dtype: Any) -> np.ndarray:
 
 
 @_quick_pickle
-@dataclasses.dataclass(eq=False, slots=True)
+@dataclasses.dataclass(eq=False, slots=True, weakref_slot=True)
 class Trajectory:
     """One episode (or one training segment of it) as tokens plus what happened.
 

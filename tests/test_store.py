@@ -23,6 +23,7 @@ from agentrl.errors import ConfigError, StoreError
 from agentrl.queue import TrajectoryQueue
 from agentrl.rollout import EpisodeRunner, RolloutConfig, Scheduler, tasks_for
 from agentrl.store import SCHEMA_VERSION, EpisodeStore, StoreWriter
+from agentrl.store.schema import encoded, segment_columns
 from agentrl.types import FailureKind, Group, PartialEpisode, Task, Trajectory
 from tests.rollout.fakes import ScriptedClient
 
@@ -279,6 +280,28 @@ def test_writer_batches_in_order_and_keeps_only_the_newest_checkpoint(
 WRITE_TIMES = {"trajectories": "created_at", "episodes": "updated_at",
                "partials": "written_at", "versions": "published_at"}  # fmt: skip
 """The column of each table that holds when a row was written (differs between runs)."""
+
+
+def test_a_trajectory_encoded_where_it_ended_is_saved_as_it_was_encoded(
+    tmp_path: Path, tokenizer: Any
+) -> None:
+    """A rollout worker encodes an ended episode's row (``encoded``); the store then saves
+    those columns rather than encoding the trajectory again, once: a later save encodes."""
+    (a,), _ = asyncio.run(run_with_checkpoints(tokenizer, "tests/Counter-v0", 3))
+    (b,), _ = asyncio.run(run_with_checkpoints(tokenizer, "tests/Counter-v0", 4))
+    assert a.token_ids.tolist() != b.token_ids.tolist()
+    with EpisodeStore.open(tmp_path) as store:
+        task = Task("t#3", "tests/Counter-v0", 3)
+        store.add_tasks([task], 1)
+        store.episode_started("t#3/0", task, 0, 0)
+        # b's columns remembered for a: what is saved shows which were used
+        assert encoded(a, segment_columns(b)) is a
+        store.save_episode([a])
+        (saved,) = store.trajectories("t#3/0")
+        assert saved.token_ids.tolist() == b.token_ids.tolist() and saved.messages == b.messages
+        store.save_episode([a])  # remembered once: this save encodes a itself
+        (saved,) = store.trajectories("t#3/0")
+        assert_same(saved, a)
 
 
 def table_rows(store: EpisodeStore, tables: tuple[str, ...]) -> dict[str, list[tuple[Any, ...]]]:

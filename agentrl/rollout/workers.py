@@ -17,6 +17,9 @@ The wire: two OS pipes per worker carrying length-prefixed pickles, read and wri
 each side's event loop (writes are buffered: neither side ever blocks on the other).
 A worker sends, in order, each per-turn checkpoint of an episode and then its end, so
 the store sees them in the order one process would have written them.
+Both arrive encoded as store rows (the worker encodes them, as one process would at
+the write), so the main process, the one part of a run that does not scale out, only
+inserts them.
 
 Weight updates: the admission gate is the main process's (:class:`_Gate`); closing it
 closes the workers' gates (a message that precedes the aborted generations on the same
@@ -53,7 +56,7 @@ from agentrl.metrics import LoopLagMonitor, Metrics, tune_gc
 from agentrl.rollout.envside import sampled_tokens
 from agentrl.rollout.episode import EpisodeDropped, EpisodeProgress, EpisodeState
 from agentrl.rollout.runner import EpisodeRunner, oldest_sampled_version
-from agentrl.store.schema import PartialRow
+from agentrl.store.schema import PartialRow, encoded, segment_columns
 from agentrl.trace import ROLLOUT, EpisodeTrace
 from agentrl.types import PartialEpisode, RequestId, Task, Trajectory
 
@@ -321,7 +324,9 @@ async def _serve(read_fd: int, write_fd: int) -> None:
             return
         finally:
             tasks.pop(key, None)
-        channel.send(("done", key, result, _drain_metrics(metrics)))
+        # Encoded for the store here, as checkpoints are: the main process only inserts.
+        rows = [segment_columns(t) for t in result]
+        channel.send(("done", key, result, rows, _drain_metrics(metrics)))
 
     tune_gc()  # as the main process does once started: fewer, cheaper collections
     channel.send(("ready", os.getpid(), time.process_time()))
@@ -747,7 +752,8 @@ class WorkerRunner:
             if future is None or future.done():
                 return
             if what == "done":
-                future.set_result(message[2])
+                future.set_result([encoded(t, row) for t, row in zip(message[2], message[3],
+                                                                    strict=True)])  # fmt: skip
             elif what == "raised":
                 episode_id = self._episode_of(key)
                 future.set_exception(

@@ -23,18 +23,16 @@ from typing import Any
 from agentrl.errors import StoreError
 from agentrl.store.audit import audit_store, store_stats
 from agentrl.store.schema import (
-    ARRAY_DTYPES,
     RUN_ORIGIN,
     STORE_FILE,
     PartialRow,
+    columns_of,
     connect,
     dump_json,
-    encode_array,
     ended_run_episode,
     partial_from_row,
     task_from_row,
     trajectory_from_row,
-    trajectory_meta,
 )
 from agentrl.types import Group, PartialEpisode, Task, Trajectory
 
@@ -267,15 +265,10 @@ class EpisodeStore:
             first = trajectories[0]
             first_lo = None
             for t in trajectories:
-                sampled = t.versions[t.loss_mask.astype(bool)]
-                lo, hi = (int(sampled.min()), int(sampled.max())) if len(sampled) else (-1, -1)
-                first_lo = lo if first_lo is None else first_lo
-                segments.append(
-                    (t.episode_id, t.attempt, t.segment, t.task_id, t.env_id, t.status, t.reward,
-                     lo, hi, len(t), len(sampled),
-                     *(encode_array(getattr(t, k), d) for k, d in ARRAY_DTYPES.items()),
-                     dump_json(trajectory_meta(t)), now)
-                )  # fmt: skip
+                columns = columns_of(t)
+                first_lo = columns[0] if first_lo is None else first_lo
+                segments.append((t.episode_id, t.attempt, t.segment, t.task_id, t.env_id,
+                                 t.status, t.reward, *columns, now))  # fmt: skip
             # started_version: the first segment's oldest sampled version (as it was)
             ends.append((first.episode_id, first.attempt, first.task_id, first.env_id,
                          "retried" if retried else first.status, first_lo, now, first.reward,

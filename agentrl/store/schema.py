@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import json
 import sqlite3
+import weakref
 from pathlib import Path
 from typing import Any, get_args
 
@@ -236,6 +237,38 @@ class PartialRow:
         columns = (*(encode_array(arrays[k], d) for k, d in ARRAY_DTYPES.items()),
                    dump_json(p.meta()))  # fmt: skip
         return cls(p.episode_id, p.attempt, p.version, columns)  # type: ignore[arg-type]
+
+
+SegmentColumns = tuple[int, int, int, int, bytes, bytes, bytes, bytes, str]
+"""A trajectory's ``trajectories`` row as :meth:`EpisodeStore.save_episodes` writes it,
+from ``min_version`` to ``meta``: the oldest and newest sampled versions (-1 when
+nothing was sampled), the token and sampled-token counts, the arrays as bytes (see
+ARRAY_DTYPES), then the meta JSON."""
+
+_ENCODED: weakref.WeakKeyDictionary[Trajectory, SegmentColumns] = weakref.WeakKeyDictionary()
+
+
+def segment_columns(t: Trajectory) -> SegmentColumns:
+    """``t`` encoded as its ``trajectories`` row (see :data:`SegmentColumns`)."""
+    sampled = t.versions[t.loss_mask.astype(bool)]
+    lo, hi = (int(sampled.min()), int(sampled.max())) if len(sampled) else (-1, -1)
+    arrays = (encode_array(getattr(t, k), d) for k, d in ARRAY_DTYPES.items())
+    return (lo, hi, len(t), len(sampled), *arrays, dump_json(trajectory_meta(t)))  # type: ignore[return-value]
+
+
+def encoded(t: Trajectory, columns: SegmentColumns) -> Trajectory:
+    """Remember ``columns`` as ``t``'s row, encoded where it ended (a rollout worker
+    process): the store saves ``t`` with them instead of encoding it again, so the one
+    process that writes the store only executes the INSERT. Kept while ``t`` lives and
+    until it is saved; ``t`` is saved as it was when encoded."""
+    _ENCODED[t] = columns
+    return t
+
+
+def columns_of(t: Trajectory) -> SegmentColumns:
+    """``t``'s row: as :func:`encoded` remembered it (once), else encoded now."""
+    columns = _ENCODED.pop(t, None)
+    return segment_columns(t) if columns is None else columns
 
 
 def trajectory_meta(t: Trajectory) -> dict[str, Any]:

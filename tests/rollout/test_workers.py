@@ -28,6 +28,7 @@ from agentrl.rollout import EpisodeRunner, RolloutConfig, Scheduler, tasks_for
 from agentrl.rollout.controller import RolloutController
 from agentrl.rollout.workers import WorkerRunner, open_runner
 from agentrl.store import EpisodeStore, StoreWriter
+from agentrl.store.schema import segment_columns
 from agentrl.types import RequestId, Trajectory
 
 IMPORTS = ["benchmarks.common"]  # registers bench/Echo-v0 (async, get_state/set_state)
@@ -165,6 +166,12 @@ async def test_workers_give_the_same_episodes_as_one_process(tokenizer: Any,
         report = store.audit()
         assert report["ok"], report
         assert sum(1 for _ in store.all_trajectories()) == 24
+    # the workers encode each ended episode's row for the store (the main process only
+    # inserts it): the row is the one the main process would have encoded
+    stored = {r[0]: tuple(r[1:]) for r in store2._db.execute(
+        "SELECT episode_id, min_version, max_version, num_tokens, num_sampled, token_ids, "
+        "logprobs, versions, loss_mask, meta FROM trajectories")}  # fmt: skip
+    assert stored == {t.episode_id: segment_columns(t) for t in two}
     # `agentrl replay --verify` reads a workers' episode as it reads any other
     from agentrl.replay.episodes import load, verify
 
