@@ -219,7 +219,8 @@ class Deadlines:
     were made, so here they are kept in buckets of ``resolution`` seconds, oldest first,
     and the loop has one timer, at the oldest bucket's end; entering and leaving a scope
     is adding to and discarding from a set. A scope times out at most ``resolution``
-    after its deadline (:func:`default_resolution`), never before it.
+    (:func:`default_resolution`) and 2 ms after its deadline, never before it, on
+    asyncio's loop and on uvloop's (whose clock counts whole milliseconds).
 
     A scope behaves as ``asyncio.timeout``'s: on expiry its task is cancelled, and the
     cancellation leaves the scope as :class:`TimeoutError` unless the task was also
@@ -254,7 +255,9 @@ class Deadlines:
         if loop is not self._loop:  # first use, or a new loop: the old one's timer is gone
             self._loop, self._timer = loop, None
             self._buckets.clear()
-        key = -int(-(loop.time() + self.seconds) // self.resolution)  # ceil: never early
+        # ceil: never early (and a clock tick more: uvloop's clock and timers are in whole
+        # milliseconds, so its loop.time() lags and its timers fire up to 1 ms early)
+        key = -int(-(loop.time() + self.seconds + _CLOCK_TICK) // self.resolution)
         buckets = self._buckets
         if buckets and buckets[-1][0] >= key:  # the clock is monotonic: only == here
             bucket = buckets[-1][1]
@@ -262,7 +265,7 @@ class Deadlines:
             bucket = set()
             buckets.append((key, bucket))
             if self._timer is None:
-                self._timer = loop.call_at(key * self.resolution, self._fire)
+                self._timer = loop.call_at(key * self.resolution + _CLOCK_TICK, self._fire)
         bucket.add(scope)
         return bucket
 
@@ -279,12 +282,16 @@ class Deadlines:
                 scope._expire()
             bucket.clear()
         if buckets:
-            self._timer = loop.call_at(buckets[0][0] * self.resolution, self._fire)
+            self._timer = loop.call_at(buckets[0][0] * self.resolution + _CLOCK_TICK, self._fire)
 
     @property
     def pending(self) -> int:
         """Scopes entered and neither left nor expired."""
         return sum(len(b) for _k, b in self._buckets)
+
+
+_CLOCK_TICK = 0.001
+"""The coarsest loop clock in use (uvloop's: whole milliseconds)."""
 
 
 def default_resolution(seconds: float) -> float:

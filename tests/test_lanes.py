@@ -288,3 +288,69 @@ def test_deadlines_start_afresh_on_a_new_loop() -> None:
 
     assert asyncio.run(once()) == "timed out"
     assert asyncio.run(once()) == "timed out"  # the first loop's timer went with it
+
+
+def test_deadlines_are_never_early_by_the_real_clock_on_uvloop() -> None:
+    """uvloop's clock and timers count whole milliseconds (its ``loop.time()`` lags the
+    real clock by up to 1 ms; a timer may fire up to 1 ms early): a deadline still never
+    expires before its length has passed by ``time.monotonic``. The rollout workers run on
+    uvloop (``rollout.worker_event_loop``)."""
+    uvloop = pytest.importorskip("uvloop")
+    deadlines = Deadlines(0.02, resolution=0.001)
+
+    async def one() -> float:
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError):
+            async with deadlines():
+                await asyncio.sleep(5)
+        return time.monotonic() - t0
+
+    async def many() -> list[float]:
+        waited = []
+        for i in range(60):
+            end = time.monotonic() + (i % 10) * 0.00011  # entries at every phase of a tick
+            while time.monotonic() < end:
+                pass
+            waited.append(await one())
+        return waited
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        waited = runner.run(many())
+    assert min(waited) >= 0.02, min(waited)
+    assert max(waited) < 0.02 + 0.5, max(waited)  # slack: a loaded CI machine
+
+
+class _CoarseClockLoop(asyncio.SelectorEventLoop):
+    """A loop with a clock like uvloop's: ``time()`` in whole ticks (up to a tick behind
+    the real clock) and timers that may fire up to a tick early. The tick is 1/1024 s,
+    exact in binary, so no rounding of the deadline arithmetic adds a tick by chance."""
+
+    TICK = 2.0**-10
+
+    def time(self) -> float:
+        return math.floor(time.monotonic() / self.TICK) * self.TICK
+
+    def call_at(self, when: float, callback: Any, *args: Any, context: Any = None) -> Any:
+        return super().call_at(when - self.TICK, callback, *args, context=context)
+
+
+def test_deadlines_are_never_early_on_a_clock_of_whole_ticks() -> None:
+    tick = _CoarseClockLoop.TICK
+    deadlines = Deadlines(10 * tick, resolution=tick)
+
+    async def many() -> list[float]:
+        waited = []
+        for i in range(100):
+            end = time.monotonic() + (i % 10) * tick / 10  # entries at every phase of a tick
+            while time.monotonic() < end:
+                pass
+            t0 = time.monotonic()
+            with pytest.raises(TimeoutError):
+                async with deadlines():
+                    await asyncio.sleep(5)
+            waited.append(time.monotonic() - t0)
+        return waited
+
+    with asyncio.Runner(loop_factory=_CoarseClockLoop) as runner:
+        waited = runner.run(many())
+    assert min(waited) >= 10 * tick, min(waited)

@@ -33,6 +33,7 @@ CorrectionMode = Literal[
 AdvantageScheme = Literal["episode", "turn_return", "gigpo"]
 StepKey = Literal["observation", "prefix"]
 UpdatePolicy = Literal["resume", "keep", "drop"]
+WorkerLoop = Literal["uvloop", "asyncio"]
 TrainerPrecision = Literal["auto", "bf16", "fp32"]
 PackedAttention = Literal["auto", "varlen", "rows", "flash_attention_2", "flex_attention"]
 
@@ -291,6 +292,11 @@ class RolloutConfig:
     workers: int = 1
     """Processes that run the episodes (rendering, tokenization, envs, tools), each its own
     event loop; more than 1 when one core cannot feed the engine (agentrl.rollout.workers)."""
+    worker_event_loop: WorkerLoop = "uvloop"
+    """The event loop of each rollout worker process (workers > 1): uvloop (libuv, in C;
+    installed with agentrl) or Python's own asyncio loop. On uvloop the workers spent about
+    0.9 of the CPU per turn (benchmarks/bench_ceiling.py, 1024 x 3 x 32); asyncio is the
+    fallback for an env or tool that does not work on uvloop."""
     checkpoint_interval_s: float = 1.0
     """An episode is checkpointed (durably, with everything to resume it exactly) at its
     first turn boundary, then at a boundary only once this long has passed since its last
@@ -313,6 +319,11 @@ class RolloutConfig:
                     f"rollout.{name} = {getattr(self, name)!r}; it must be a number of "
                     "seconds > 0 (inf: no deadline)"
                 )
+        if self.worker_event_loop not in typing.get_args(WorkerLoop):
+            raise ConfigError(
+                f"rollout.worker_event_loop = {self.worker_event_loop!r} is not allowed; use "
+                f"one of: {', '.join(typing.get_args(WorkerLoop))}"
+            )
         if self.max_staleness is not None and self.max_staleness < 0:
             raise ConfigError(f"rollout.max_staleness = {self.max_staleness!r}; it must be >= 0")
         if not self.temperature >= 0:

@@ -324,3 +324,32 @@ async def test_workers_refuse_what_they_cannot_run(tokenizer: Any, tmp_path: Pat
         async with WorkerRunner(client, tokenizer, dataclasses.replace(rollout),
                                 imports=["agentrl_no_such_module"]):  # fmt: skip
             pass
+
+
+@pytest.mark.parametrize("event_loop", ["uvloop", "asyncio"])
+async def test_workers_run_their_episodes_on_the_event_loop_the_config_names(
+    tokenizer: Any, event_loop: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rollout = RolloutConfig(max_turns=2, max_tokens_per_turn=8, ignore_eos=True, workers=2,
+                            group_size=1, concurrency=4, worker_event_loop=event_loop)  # fmt: skip
+    async with WorkerRunner(SlowClient(tokenizer), tokenizer, rollout, imports=IMPORTS) as runner:
+        loops = runner.event_loops
+        tasks = list(tasks_for("bench/Echo-v0", 4, turns=2))
+        results = await asyncio.gather(*(runner.run(t, f"{t.task_id}/0") for t in tasks))
+    assert len(loops) == 2 and all(loop.startswith(f"{event_loop}.") for loop in loops), loops
+    for (trajectory,) in results:
+        assert len(trajectory.turn_rewards) == 2 and int(trajectory.loss_mask.sum()) == 16
+
+    if event_loop == "uvloop":  # asked for, not installed: refused before anything starts
+        import importlib.util
+
+        find_spec = importlib.util.find_spec
+
+        def without_uvloop(name: str, *args: Any) -> Any:
+            return None if name == "uvloop" else find_spec(name, *args)
+
+        monkeypatch.setattr(importlib.util, "find_spec", without_uvloop)
+        with pytest.raises(ConfigError, match=r"worker_event_loop = 'asyncio'"):
+            await WorkerRunner(SlowClient(tokenizer), tokenizer, rollout, imports=IMPORTS).start()
+    with pytest.raises(ConfigError, match="worker_event_loop = 'trio'"):
+        RolloutConfig(worker_event_loop="trio")  # type: ignore[arg-type]

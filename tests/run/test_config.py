@@ -115,6 +115,7 @@ def test_one_default_per_setting_and_a_reference_that_lists_every_key() -> None:
         ("--eval.episodes=-3", ["eval.episodes", "-3", ">= 0"]),
         ("--rollout.env_timeout_s=0", ["rollout.env_timeout_s", "0", "> 0"]),
         ("--rollout.tool_timeout_s=-1.0", ["rollout.tool_timeout_s", "-1.0", "> 0"]),
+        ('--rollout.worker_event_loop="trio"', ["rollout.worker_event_loop", "trio", "uvloop"]),
         ("--trainer.lora=5", ["trainer.lora", "table"]),
         ('--env.imports=["no_such_module_x"]', ["env.imports", "no_such_module_x"]),
     ],
