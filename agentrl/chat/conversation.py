@@ -26,7 +26,6 @@ rewrites earlier turns keeps one segment.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import weakref
 from collections.abc import Mapping, Sequence
@@ -34,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from agentrl.chat.rendering import RenderTokenizer, decode
+from agentrl.chat.rendering import RenderTokenizer, decode, per_tokenizer
 from agentrl.types import NO_VERSION, Message, PartialEpisode, SegmentArrays, SpanKind, TokenSpan
 
 
@@ -383,16 +382,9 @@ def _end_of_turn_ids(tokenizer: Any) -> set[int]:
     and its EOS."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     size = backend.get_vocab_size(with_added_tokens=True) if backend is not None else None
-    setup = (size, tokenizer.eos_token, tokenizer.unk_token)
-    try:
-        seen, ids = _EOT[tokenizer]
-    except (KeyError, TypeError):  # TypeError: not weakly referable (not cached)
-        seen = None
-    if seen != setup or size is None:
-        ids = frozenset(_read_end_of_turn_ids(tokenizer))
-        with contextlib.suppress(TypeError):
-            _EOT[tokenizer] = (setup, ids)
-    return set(ids)
+    setup = None if size is None else (size, tokenizer.eos_token, tokenizer.unk_token)
+    return set(per_tokenizer(_EOT, tokenizer, setup,
+                             lambda: frozenset(_read_end_of_turn_ids(tokenizer))))  # fmt: skip
 
 
 def _read_end_of_turn_ids(tokenizer: Any) -> set[int]:

@@ -34,8 +34,8 @@ import inspect
 import logging
 import re
 import weakref
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 from agentrl.types import Message
 
@@ -73,6 +73,27 @@ _SHARED: weakref.WeakKeyDictionary[Any, tuple[Any, _Pieces | None]] = weakref.We
 """Per tokenizer: its set-up when analysed (vocabulary size with the added tokens,
 normalizer, pre-tokenizer), and the shared pieces (None: piecewise tokenization might
 differ for it)."""
+
+
+T = TypeVar("T")
+
+
+def per_tokenizer(cache: weakref.WeakKeyDictionary[Any, tuple[Any, T]], tokenizer: Any,
+                  setup: Any, compute: Callable[[], T]) -> T:  # fmt: skip
+    """``compute()``, remembered in ``cache`` for ``tokenizer`` while its ``setup`` (what the
+    value depends on besides the model: vocabulary size, special tokens, ...) stays the
+    same. The cache is weak: the value goes with the tokenizer. A tokenizer that cannot be
+    weakly referred to, or a ``setup`` of None (changes cannot be told), computes anew."""
+    try:
+        seen, value = cache[tokenizer]
+    except (KeyError, TypeError):  # TypeError: not weakly referable
+        seen = None
+    if setup is None or seen != setup:
+        value = compute()
+        if setup is not None:
+            with contextlib.suppress(TypeError):
+                cache[tokenizer] = (setup, value)
+    return value
 
 
 _TEMPLATES: dict[str, Any] = {}
@@ -153,14 +174,9 @@ class RenderTokenizer:
         vocab_size = backend.get_vocab_size(with_added_tokens=True)
         # What the remembered pieces depend on, besides the model itself
         setup = (vocab_size, repr(backend.normalizer), repr(backend.pre_tokenizer))
-        try:
-            seen, shared = _SHARED[tokenizer]
-        except (KeyError, TypeError):  # TypeError: not weakly referable (not cached)
-            seen, shared = None, None
-        if seen != setup:  # not analysed yet, or changed since (tokens added, ...)
-            shared = cls._analyse(tokenizer, vocab_size)
-            with contextlib.suppress(TypeError):
-                _SHARED[tokenizer] = (setup, shared)
+        # analysed once, and again when it changed since (tokens added, ...)
+        shared = per_tokenizer(_SHARED, tokenizer, setup,
+                               lambda: cls._analyse(tokenizer, vocab_size))  # fmt: skip
         return None if shared is None else cls(tokenizer, shared)
 
     @staticmethod
