@@ -277,8 +277,8 @@ class RolloutConfig:
     """Deadline for one tool call; past it the call returns an error to the model."""
     env_timeout_s: float = 60.0
     """Deadline for one env call (make, reset, step, close); past it the episode fails.
-    It fires within min(50 ms, 1/64 of it) after the deadline (the calls share one loop
-    timer: agentrl.lanes.Deadlines). inf: no deadline."""
+    It fires within min(50 ms, 1/64 of it) and 2 ms after the deadline, never before it
+    (the calls share one loop timer: agentrl.lanes.Deadlines). inf: no deadline."""
     max_staleness: int | None = 1
     """An episode admitted at version v is trained by version v + max_staleness
     (unset in Python: no bound)."""
