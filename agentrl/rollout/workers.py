@@ -784,8 +784,10 @@ class WorkerRunner:
             if future is None or future.done():
                 return
             if what == "done":
-                future.set_result([encoded(t, row) for t, row in zip(message[2], message[3],
-                                                                    strict=True)])  # fmt: skip
+                trajectories, rows = message[2], message[3]
+                if self.checkpoint is not None:  # a store will save them: with these rows
+                    trajectories = [encoded(t, r) for t, r in zip(trajectories, rows, strict=True)]
+                future.set_result(trajectories)
             elif what == "raised":
                 episode_id = self._episode_of(key)
                 future.set_exception(

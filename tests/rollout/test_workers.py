@@ -27,7 +27,7 @@ from agentrl.queue import TrajectoryQueue
 from agentrl.rollout import EpisodeRunner, RolloutConfig, Scheduler, tasks_for
 from agentrl.rollout.controller import RolloutController
 from agentrl.rollout.workers import WorkerRunner, open_runner
-from agentrl.store import EpisodeStore, StoreWriter
+from agentrl.store import EpisodeStore, StoreWriter, schema
 from agentrl.store.schema import segment_columns
 from agentrl.types import RequestId, Trajectory
 
@@ -339,6 +339,8 @@ async def test_workers_run_their_episodes_on_the_event_loop_the_config_names(
     assert len(loops) == 2 and all(loop.startswith(f"{event_loop}.") for loop in loops), loops
     for (trajectory,) in results:
         assert len(trajectory.turn_rewards) == 2 and int(trajectory.loss_mask.sum()) == 16
+        # no store here (no checkpoint callback): the rows the workers sent are not kept
+        assert trajectory not in schema._ENCODED
 
     if event_loop == "uvloop":  # asked for, not installed: refused before anything starts
         import importlib.util
