@@ -321,6 +321,49 @@ def test_direct_renderings_are_apply_chat_templates_text(
         rendering._TEMPLATES[source] = saved
 
 
+def test_direct_renderings_read_message_fields_as_the_sandbox_does() -> None:
+    """The direct rendering reads a message's fields key first (no failed attribute lookup
+    each time) with the sandbox's own result: a key named like a dict method is not what
+    ``m.items`` gives, a missing key is undefined, a ``_`` key is read, a field of a dict
+    subclass or of an object follows the sandbox, and a method that mutates is still
+    refused, as apply_chat_template refuses it."""
+    from jinja2.exceptions import SecurityError
+
+    from agentrl.chat import rendering
+
+    class Message(dict):  # type: ignore[type-arg]
+        role = "attribute"  # the sandbox prefers the attribute of anything but a plain dict
+
+    tok = build_tokenizer(family("qwen2.5"))
+    tok.chat_template = (
+        "{% for m in messages %}[{{ m.role }}|{{ m.items is callable }}|{{ m.keys() | list }}"
+        "|{{ m.nope is defined }}|{{ m._private }}|{{ m.get('content') }}"
+        "|{{ m.meta.x if m.meta is defined }}|{{ m.content.upper() }}]{% endfor %}"
+        "{% if add_generation_prompt %}{{ messages.0.role }}{% endif %}"
+    )
+    messages = [
+        {"role": "user", "content": "hi", "items": "a key", "_private": "p", "meta": {"x": 1}},
+        Message(role="assistant", content="yo"),
+    ]
+    pieces = RenderTokenizer.for_tokenizer(tok)
+    assert pieces is not None
+    for gen in (False, True):
+        expected = tok.apply_chat_template(messages, add_generation_prompt=gen, tokenize=False)
+        assert "[user|True|" in expected and "a key" not in expected  # the sandbox's reading
+        assert "[attribute|" in expected
+        got = pieces.text(messages, add_generation_prompt=gen, tools=None, template_kwargs={})
+        assert got == expected
+        # rendered directly, not sent back to apply_chat_template for differing
+        assert rendering._TEMPLATES[tok.get_chat_template(None, None)] is not None
+
+    tok.chat_template = "{% for m in messages %}{{ m.pop('role') }}{% endfor %}"
+    with pytest.raises(SecurityError):
+        tok.apply_chat_template(messages[:1], tokenize=False)
+    with pytest.raises(SecurityError):
+        pieces.text(messages[:1], add_generation_prompt=False, tools=None, template_kwargs={})
+    assert messages[0]["role"] == "user"
+
+
 def test_end_of_turn_ids_follow_the_tokenizer_when_it_changes() -> None:
     """A conversation's end-of-turn ids are remembered per tokenizer, and read again once
     its EOS or vocabulary changes."""
