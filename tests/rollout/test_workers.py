@@ -11,6 +11,8 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import pickle
+import random
 import signal
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,7 +28,7 @@ from agentrl.metrics import Metrics
 from agentrl.queue import TrajectoryQueue
 from agentrl.rollout import EpisodeRunner, RolloutConfig, Scheduler, tasks_for
 from agentrl.rollout.controller import RolloutController
-from agentrl.rollout.workers import WorkerRunner, open_runner
+from agentrl.rollout.workers import WorkerRunner, _PromptsReceived, _PromptsSent, open_runner
 from agentrl.store import EpisodeStore, StoreWriter, schema
 from agentrl.store.schema import segment_columns
 from agentrl.types import RequestId, Trajectory
@@ -54,6 +56,7 @@ class SlowClient:
         self.gate: asyncio.Event | None = None
         self.past_gate: list[str] = []
         self.calls = 0
+        self.prompts: dict[str, list[list[int]]] = {}  # per episode, in order
         self._call_waiters: list[tuple[int, asyncio.Event]] = []
         self._aborts: dict[str, asyncio.Event] = {}
         self._results: dict[str, asyncio.Future[Generation]] = {}
@@ -74,6 +77,7 @@ class SlowClient:
         if self.gate is not None and not self.gate.is_set():
             self.past_gate.append(request_id)
         self.calls += 1
+        self.prompts.setdefault(RequestId.parse(request_id).episode_id, []).append(list(prompt))
         for n, reached in self._call_waiters:
             if self.calls >= n:
                 reached.set()
@@ -154,14 +158,18 @@ def _key(trajectories: list[Trajectory]) -> dict[str, Any]:
 
 async def test_workers_give_the_same_episodes_as_one_process(tokenizer: Any,
                                                              tmp_path: Path) -> None:  # fmt: skip
-    one, store1, runner1 = await _run(tokenizer, SlowClient(tokenizer), tmp_path / "one", 1,
-                                      24, 3)  # fmt: skip
+    client1, client2 = SlowClient(tokenizer), SlowClient(tokenizer)
+    one, store1, runner1 = await _run(tokenizer, client1, tmp_path / "one", 1, 24, 3)
     assert isinstance(runner1, EpisodeRunner)
-    two, store2, runner2 = await _run(tokenizer, SlowClient(tokenizer), tmp_path / "two", 2,
-                                      24, 3)  # fmt: skip
+    two, store2, runner2 = await _run(tokenizer, client2, tmp_path / "two", 2, 24, 3)
     assert isinstance(runner2, WorkerRunner)
     assert len(one) == len(two) == 24
     assert _key(one) == _key(two)  # token for token, logprob for logprob
+    # the engine got the very prompts (sent as what each adds to the one before), and the
+    # main process holds none of them once the episodes ended
+    assert client2.prompts == client1.prompts
+    assert {len(p) for p in client2.prompts.values()} == {3}
+    assert len(runner2._prompts) == 0
     for store in (store1, store2):
         report = store.audit()
         assert report["ok"], report
@@ -185,6 +193,48 @@ async def test_workers_give_the_same_episodes_as_one_process(tokenizer: Any,
     m = runner2.metrics.counters
     assert m["episodes_started"] == 24 and m["episodes_finished"] == 24
     assert m["tokens_sampled"] == 24 * 3 * 8
+
+
+def test_a_prompt_crosses_as_what_it_adds_to_the_episodes_last_one() -> None:
+    """A worker sends a turn's prompt as the tail after the episode's previous prompt when
+    it extends it, whole when it does not (a new template segment, a shorter prompt);
+    the main process rebuilds each exactly, and refuses a tail whose base it lacks."""
+    sent, received = _PromptsSent(), _PromptsReceived()
+    rng = random.Random(0)
+    first = [rng.randrange(50_000) for _ in range(5_000)]
+    prompts = {
+        "e": [first, first + [7] * 300, first + [7] * 300 + [8, 9], [1, 2, 3], [1, 2, 3, 4],
+              [9] * 6, [1, 2], [1, 2]],
+        "f": [[5] * 10, [5] * 10 + [6]],
+    }  # fmt: skip
+    payloads = []
+    n = 0
+    for i in range(max(len(p) for p in prompts.values())):
+        for episode_id, ps in prompts.items():  # the two episodes' requests interleave
+            if i < len(ps):
+                payload = sent.payload(episode_id, n, list(ps[i]))
+                payloads.append(payload)
+                wire = pickle.loads(pickle.dumps(payload))
+                assert received.prompt((0, episode_id), n, wire) == ps[i]
+                n += 1
+    whole = [p for p in payloads if isinstance(p, list)]
+    tails = [p for p in payloads if isinstance(p, tuple)]
+    # e's first, its new starts [1, 2, 3] (shorter) and [9] * 6 (longer), the shorter
+    # [1, 2]; f's first
+    assert len(whole) == 5 and len(tails) == 5
+    assert tails[0] == (0, 5_000, [7] * 300)  # 300 tokens cross, not 5,300
+    assert len(pickle.dumps(tails[0])) < len(pickle.dumps(first)) / 20
+
+    sent.forget("e")
+    assert isinstance(sent.payload("e", n, [1, 2, 3]), list)  # a new attempt: whole
+    assert len(sent) == 2
+    # the main process never rebuilds from a base it does not hold
+    received.forget((0, "f"))
+    with pytest.raises(InfraError, match="does not hold"):
+        received.prompt((0, "f"), n + 1, (3, 11, [1]))
+    received.prompt((1, "f"), n + 1, [5] * 11)
+    with pytest.raises(InfraError, match="request 50"):
+        received.prompt((1, "f"), n + 2, (50, 11, [1]))  # not the last request's base
 
 
 async def test_a_weight_update_pauses_and_resumes_episodes_in_the_workers(
