@@ -260,6 +260,24 @@ class InferenceClient(Protocol):
         ...
 
 
+_INT = {int}
+
+
+def token_list(prompt_token_ids: Sequence[int]) -> list[int]:
+    """A prompt's ids as a new list of Python ints (what the engines take), from any
+    sequence of integers (numpy's included).
+
+    A prompt holds the whole conversation and is sent again every turn: converting each
+    id with ``int()`` cost 54 ns a token here (271 us a turn at 5,000 tokens), while the
+    rollout loop's prompts are already lists of ints. Those are copied after checking the
+    type of every element in C (19 ns a token); anything else is converted as before.
+    """
+    ids = list(prompt_token_ids)
+    if set(map(type, ids)) <= _INT:
+        return ids
+    return [int(t) for t in ids]
+
+
 def clamp_max_tokens(prompt_len: int, sampling: SamplingConfig, max_model_len: int) -> int:
     """Fit ``max_tokens`` into the context window, or raise if nothing fits."""
     room = max_model_len - prompt_len

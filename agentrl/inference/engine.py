@@ -29,6 +29,7 @@ from agentrl.inference.base import (
     InferenceConfig,
     SamplingConfig,
     clamp_max_tokens,
+    token_list,
 )
 from agentrl.inference.client_base import VLLMClientBase
 from agentrl.lifecycle import ensure_reaper
@@ -153,7 +154,7 @@ class VLLMEngineClient(VLLMClientBase):
 
         if self._closed:
             raise EngineError("the engine client is closed; start a new one")
-        prompt = [int(t) for t in prompt_token_ids]
+        prompt = token_list(prompt_token_ids)
         max_tokens = clamp_max_tokens(len(prompt), sampling, self.config.max_model_len)
         params = SamplingParams(
             n=1,

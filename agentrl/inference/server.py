@@ -43,6 +43,7 @@ from agentrl.inference.base import (
     InferenceConfig,
     SamplingConfig,
     clamp_max_tokens,
+    token_list,
 )
 from agentrl.inference.client_base import VLLMClientBase
 from agentrl.lifecycle import descendants, ensure_reaper
@@ -314,7 +315,7 @@ class VLLMServerClient(VLLMClientBase):
     async def generate(
         self, prompt_token_ids: Sequence[int], sampling: SamplingConfig, request_id: str
     ) -> Generation:
-        prompt = [int(t) for t in prompt_token_ids]
+        prompt = token_list(prompt_token_ids)
         max_tokens = clamp_max_tokens(len(prompt), sampling, self.config.max_model_len)
         payload = {
             "model": await self.model_name(),
