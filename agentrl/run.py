@@ -149,6 +149,7 @@ def check_config(config: RunConfig) -> None:
 def _check_resumable(run_dir: Path, reporter: Reporter | None) -> None:
     """Refuse, before anything is written, a run directory that cannot be continued."""
     from agentrl.store import EpisodeStore
+    from agentrl.store.schema import holds_no_store
 
     for path in (run_dir, *(run_dir / n for n in ("episodes.db", "metrics.jsonl", "trace.json",
                                                    "status.json", "checkpoints"))):  # fmt: skip
@@ -158,7 +159,10 @@ def _check_resumable(run_dir: Path, reporter: Reporter | None) -> None:
                 f"was changed. Make {run_dir} writable, then run "
                 f"`agentrl train --resume {run_dir}` again"
             )
-    EpisodeStore.open(run_dir, create=False).close()  # corrupt, newer schema: StoreError
+    # corrupt, newer schema, not a store: StoreError. A run stopped while its store was
+    # being made left an empty one: resuming it makes the store, as starting would have.
+    if not holds_no_store(run_dir / "episodes.db"):
+        EpisodeStore.open(run_dir, create=False).close()
     _warn_leftover_engine(run_dir, reporter)
 
 

@@ -189,6 +189,22 @@ def test_the_store_refuses_what_it_cannot_read(tmp_path: Path) -> None:
     assert sqlite3.connect(other).execute("SELECT COUNT(*) FROM users").fetchone() == (0,)
     with pytest.raises(StoreError, match="no episode store"):
         EpisodeStore.open(tmp_path / "missing", create=False)
+    # Opening a store that must exist (replay, resume, eval) never makes one: an empty
+    # file, or another program's SQLite file, is refused and left byte for byte.
+    empty = tmp_path / "empty" / "episodes.db"
+    empty.parent.mkdir()
+    empty.touch()
+    with pytest.raises(StoreError, match="holds no tables and no agentrl episode store"):
+        EpisodeStore.open(empty.parent, create=False)
+    assert empty.read_bytes() == b"" and sorted(p.name for p in empty.parent.iterdir()) == [
+        "episodes.db"
+    ]
+    before = other.read_bytes()
+    with pytest.raises(StoreError, match=r"holds tables \['users'\] but no agentrl"):
+        EpisodeStore.open(other, create=False)
+    assert other.read_bytes() == before
+    EpisodeStore.open(empty).close()  # where the store is to be made, it is
+    EpisodeStore.open(empty, create=False).close()
 
 
 def test_nothing_in_the_store_is_pickled() -> None:

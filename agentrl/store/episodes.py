@@ -72,7 +72,7 @@ class EpisodeStore:
                 f"no permission); nothing was changed. Make {str(path.parent)!r} writable, "
                 f"then run the command again"
             )
-        return cls(connect(path), path)
+        return cls(connect(path, create=create), path)
 
     def close(self) -> None:
         with self._lock:

@@ -149,11 +149,13 @@ def ended_run_episode(alias: str = "e") -> str:
 # -- connection -------------------------------------------------------------------------
 
 
-def connect(path: Path) -> sqlite3.Connection:
-    """Open (creating the schema in a new file) the SQLite store at ``path``.
+def connect(path: Path, *, create: bool = True) -> sqlite3.Connection:
+    """Open the SQLite store at ``path``, creating the schema in a new (empty) file if
+    ``create``.
 
     Raises:
-        StoreError: the file is not SQLite, not an agentrl store, or has a newer schema.
+        StoreError: the file is not SQLite, not an agentrl store, has a newer schema, or
+            is empty and ``create`` is off (it is then left as it was).
     """
     try:
         db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30)
@@ -165,7 +167,7 @@ def connect(path: Path) -> sqlite3.Connection:
             f"corrupt, restore it from a backup or start a new run directory"
         ) from e
     try:
-        _prepare(db, path, version)
+        _prepare(db, path, version, create)
     except sqlite3.DatabaseError as e:
         db.close()
         raise StoreError(
@@ -178,12 +180,36 @@ def connect(path: Path) -> sqlite3.Connection:
     return db
 
 
-def _prepare(db: sqlite3.Connection, path: Path, version: int) -> None:
-    """Check the schema version, set the pragmas, and create the schema in a new file."""
+def holds_no_store(path: Path) -> bool:
+    """Whether ``path`` is an SQLite file with nothing in it (no schema version, no table):
+    what a run leaves that stopped while its store was being made. False for anything
+    else, unreadable files included (opening those says what is wrong)."""
+    try:
+        db = sqlite3.connect(path, timeout=30)
+        try:
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            tables = db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()[0]
+        finally:
+            db.close()
+    except sqlite3.DatabaseError:
+        return False
+    return version == 0 and tables == 0
+
+
+def _prepare(db: sqlite3.Connection, path: Path, version: int, create: bool = True) -> None:
+    """Check the schema version, set the pragmas, and create the schema in a new file
+    (if ``create``)."""
     if version > SCHEMA_VERSION:
         raise StoreError(
             f"{str(path)!r} was written by a newer agentrl (store schema {version}; this "
             f"agentrl reads schema {SCHEMA_VERSION} and older); upgrade agentrl to open it"
+        )
+    if version == 0 and not create:  # before any pragma: the file stays as it is
+        tables = db.execute("SELECT name FROM sqlite_master WHERE type='table'").fetchall()
+        what = f"tables {[t[0] for t in tables][:5]} but no" if tables else "no tables and no"
+        raise StoreError(
+            f"{str(path)!r} holds {what} agentrl episode store (left unchanged); give the "
+            "run directory of a run that started (its episodes.db), or start the run first"
         )
     db.execute("PRAGMA journal_mode = WAL")
     db.execute("PRAGMA synchronous = NORMAL")

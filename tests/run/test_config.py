@@ -176,6 +176,32 @@ def test_cli_refuses_a_used_run_dir_and_a_resume_of_nothing(tmp_path: Path) -> N
     assert proc.returncode == 1 and "no `agentrl train` run to resume" in proc.stderr
 
 
+def test_a_resume_reads_the_store_and_writes_nothing_before_the_run(tmp_path: Path) -> None:
+    """--resume checks the run's store before anything is written: a store that cannot be
+    continued (here another program's SQLite file) is refused and left as it was; an
+    empty one, left by a run stopped while making its store, is let through unchanged
+    (the run makes it, as starting would have)."""
+    import sqlite3
+
+    from agentrl.errors import StoreError
+    from agentrl.run import CONFIG_FILE, prepare
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / CONFIG_FILE).write_text(GOOD)
+    db = sqlite3.connect(run / "episodes.db")
+    db.execute("CREATE TABLE users (name TEXT)")
+    db.close()
+    before = (run / "episodes.db").read_bytes()
+    with pytest.raises(StoreError, match=r"holds tables \['users'\] but no agentrl"):
+        prepare(None, [], resume=str(run))
+    assert (run / "episodes.db").read_bytes() == before
+    (run / "episodes.db").write_bytes(b"")
+    _, run_dir = prepare(None, [], resume=str(run))
+    assert run_dir == run and (run / "episodes.db").read_bytes() == b""
+    assert sorted(p.name for p in run.iterdir()) == [CONFIG_FILE, "episodes.db"]
+
+
 @pytest.mark.parametrize(
     "path",
     sorted([*EXAMPLES.glob("*/config.toml"), *EXAMPLES.glob("scale_out/*.toml")]),
