@@ -52,10 +52,17 @@ class EpisodeProgress:
             self.trace.enter(phase)
 
     def add_tokens(self, versions: Sequence[int]) -> None:
-        self.sampled += len(versions)
-        # Counted in C (a turn's tokens mostly share one version), then added per version.
-        for v, n in collections.Counter(versions).items():
-            self.tokens_by_version[int(v)] = self.tokens_by_version.get(int(v), 0) + n
+        n = len(versions)
+        if not n:
+            return
+        self.sampled += n
+        first = versions[0]
+        if versions.count(first) == n:  # one version throughout, the usual turn (in C)
+            key = int(first)
+            self.tokens_by_version[key] = self.tokens_by_version.get(key, 0) + n
+            return
+        for v, k in collections.Counter(versions).items():  # a weight update mid-turn
+            self.tokens_by_version[int(v)] = self.tokens_by_version.get(int(v), 0) + k
 
 
 class EnvFailure(Exception):

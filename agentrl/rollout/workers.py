@@ -47,6 +47,7 @@ import dataclasses
 import importlib.util
 import itertools
 import logging
+import operator
 import os
 import pickle
 import sys
@@ -79,6 +80,16 @@ loop's stay ``loop_lag_s``)."""
 
 _GENERATION_FIELDS = tuple(f.name for f in dataclasses.fields(Generation))
 """A generation crosses as ``(None, *these fields)``: cheaper than pickling the object."""
+_generation_values = operator.attrgetter(*_GENERATION_FIELDS)
+
+
+def _generation(values: Sequence[Any]) -> Generation:
+    """The generation whose fields crossed as ``values``, not checked again: it was
+    checked where the main process's client made it (2.7 -> 1.1 us a turn)."""
+    gen = object.__new__(Generation)
+    for name, value in zip(_GENERATION_FIELDS, values, strict=True):
+        object.__setattr__(gen, name, value)
+    return gen
 
 
 class _Channel:
@@ -297,7 +308,7 @@ class _ProxyClient:
         if blob is None:  # a turn's parameters repeat: pickled once, read once (main side)
             blob = self._sampling[sampling] = pickle.dumps(sampling)
         prompt = self.prompts.payload(episode_id, n, list(prompt_token_ids))
-        self._channel.send(("gen", n, prompt, blob, request_id, turn, tool_calls))
+        self._channel.send(("gen", n, prompt, blob, request_id, episode_id, turn, tool_calls))
         try:
             return await future
         except asyncio.CancelledError:
@@ -317,7 +328,7 @@ class _ProxyClient:
         if future is None or future.done():
             return
         if result[0] is None:  # a generation's fields
-            future.set_result(Generation(*result[1:]))
+            future.set_result(_generation(result[1:]))
         else:  # an error payload
             future.set_exception(_error(result, "the inference engine"))
 
@@ -839,8 +850,7 @@ class WorkerRunner:
     def _handle(self, worker: _Worker, message: tuple[Any, ...]) -> None:
         what = message[0]
         if what == "gen":
-            _, n, payload, sampling, request_id, turn, tool_calls = message
-            episode_id = RequestId.parse(request_id).episode_id
+            _, n, payload, sampling, request_id, episode_id, turn, tool_calls = message
             try:
                 prompt = self._prompts.prompt((worker.index, episode_id), n, payload)
             except InfraError as e:  # the episode fails with it; the run stops
@@ -897,7 +907,7 @@ class WorkerRunner:
             if params is None:
                 params = self._sampling[sampling] = pickle.loads(sampling)
             gen = await self.client.generate(prompt, params, request_id)
-            result: tuple[Any, ...] = (None, *(getattr(gen, f) for f in _GENERATION_FIELDS))
+            result: tuple[Any, ...] = (None, *_generation_values(gen))
             if progress is not None:
                 progress.add_tokens(gen.versions)
                 progress.set_phase("env")

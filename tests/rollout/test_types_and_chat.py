@@ -157,3 +157,18 @@ def test_context_limit_refuses_a_delta_that_does_not_fit(tokenizer) -> None:
     n = len(conv)
     assert not conv.add_messages([{"role": "user", "content": "x " * 300}], "env", max_len=n + 20)
     assert len(conv) == n and conv.messages[-1]["role"] == "assistant"
+
+
+def test_progress_counts_sampled_tokens_per_policy_version() -> None:
+    """The live view's count of an episode's sampled tokens by version: turns of one
+    version (the usual case) and turns that straddle a weight update."""
+    from agentrl.rollout.episode import EpisodeProgress
+
+    progress = EpisodeProgress("e/0", "bench/Echo-v0")
+    progress.add_tokens((0,) * 32)
+    progress.add_tokens(())
+    progress.add_tokens([0, 0, 1, 1, 1])
+    progress.add_tokens((2,))
+    progress.add_tokens((1, 2, 2))
+    assert progress.sampled == 32 + 5 + 1 + 3
+    assert progress.tokens_by_version == {0: 34, 1: 4, 2: 3}

@@ -284,7 +284,7 @@ async def test_a_request_that_crosses_the_closing_gate_is_held_until_it_opens(
         runner.admission.clear()  # a weight update begins
         worker = runner._workers[0]
         request = ("gen", 10**6, [1, 2, 3], pickle.dumps(SamplingConfig(max_tokens=4)),
-                   RequestId("crossing/0", 0).format(), 0, 0)  # fmt: skip
+                   RequestId("crossing/0", 0).format(), "crossing/0", 0, 0)  # fmt: skip
         runner._handle(worker, request)  # as the worker's message would arrive
         await asyncio.sleep(0.2)
         assert client.calls == 0  # held in the main process, not sent to the engine
