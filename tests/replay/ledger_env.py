@@ -7,6 +7,7 @@ get_state/set_state; ``LedgerNoState-v0`` does not (forks then replay the tool c
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from agentrl.env import TextEnv, parse_final_answer, register_env
@@ -60,8 +61,16 @@ register_env("user/Ledger-v0", LedgerEnv, max_episode_steps=6)
 register_env("user/LedgerNoState-v0", LedgerNoStateEnv, max_episode_steps=6)
 
 
+_ROLLS = itertools.count(1)
+"""Every roll of this process, numbered: process-wide state, as ``random`` is."""
+
+
 class DiceEnv(TextEnv):
-    """Roll a die until a six; the die is the process-wide ``random`` (a common mistake)."""
+    """Roll a die until a six; the die is the process-wide ``random`` (a common mistake).
+
+    Each reply also says how many rolls this process has made: a replay then never gives
+    the same replies (with the die alone, a one-roll episode replayed the same six times
+    in 36 and the test that expects it flagged failed then)."""
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
@@ -73,7 +82,8 @@ class DiceEnv(TextEnv):
 
         self.rolls += 1
         face = random.randint(1, 6)
-        return f"You rolled {face}.", float(face == 6), face == 6, self.rolls >= 5, {}
+        reply = f"You rolled {face} (roll {next(_ROLLS)} of this process)."
+        return reply, float(face == 6), face == 6, self.rolls >= 5, {}
 
 
 register_env("user/Dice-v0", DiceEnv, max_episode_steps=6)
