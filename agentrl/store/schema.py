@@ -204,12 +204,24 @@ def _prepare(db: sqlite3.Connection, path: Path, version: int, create: bool = Tr
             f"{str(path)!r} was written by a newer agentrl (store schema {version}; this "
             f"agentrl reads schema {SCHEMA_VERSION} and older); upgrade agentrl to open it"
         )
-    if version == 0 and not create:  # before any pragma: the file stays as it is
-        tables = db.execute("SELECT name FROM sqlite_master WHERE type='table'").fetchall()
-        what = f"tables {[t[0] for t in tables][:5]} but no" if tables else "no tables and no"
+    # A file without a schema version is refused before any pragma (it stays as it is)
+    # unless it is empty and the store is to be made there.
+    tables = (
+        []
+        if version
+        else db.execute("SELECT name FROM sqlite_master WHERE type='table'").fetchall()
+    )
+    names = [t[0] for t in tables][:5]
+    if version == 0 and not create:
+        what = f"tables {names} but no" if tables else "no tables and no"
         raise StoreError(
             f"{str(path)!r} holds {what} agentrl episode store (left unchanged); give the "
             "run directory of a run that started (its episodes.db), or start the run first"
+        )
+    if tables:
+        raise StoreError(
+            f"{str(path)!r} is a SQLite file but not an agentrl episode store "
+            f"(it has tables {names}); choose another path"
         )
     db.execute("PRAGMA journal_mode = WAL")
     db.execute("PRAGMA synchronous = NORMAL")
@@ -220,12 +232,6 @@ def _prepare(db: sqlite3.Connection, path: Path, version: int, create: bool = Tr
         with contextlib.suppress(sqlite3.OperationalError):  # a read-only store: as it is
             db.execute(INDEXES_ADDED)
         return
-    tables = db.execute("SELECT name FROM sqlite_master WHERE type='table'").fetchall()
-    if tables:
-        raise StoreError(
-            f"{str(path)!r} is a SQLite file but not an agentrl episode store "
-            f"(it has tables {[t[0] for t in tables][:5]}); choose another path"
-        )
     with db:
         db.execute("BEGIN")
         db.executescript(SCHEMA_SQL)
