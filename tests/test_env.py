@@ -33,3 +33,53 @@ def test_calculator_env_registers_and_passes_gymnasium_checker() -> None:
     env.close()
     env.close()
     assert gym.spec("agentrl/Calculator-v0").entry_point == "envs.calculator:CalculatorEnv"
+
+
+def test_env_threads_reaching_make_env_at_once_scan_the_plugins_once(monkeypatch) -> None:
+    """A run's first episodes build their envs on many threads at once: one scan of the
+    entry points, and no thread goes on before the plugin that registers its id is in."""
+    import importlib.metadata
+    import threading
+    import time
+
+    import agentrl.env as env_module
+
+    env_id = "user/PluginScanned-v0"
+    scans: list[int] = []
+
+    class SlowPlugin:  # an entry point whose module takes a while to import
+        value = "tests.slow_plugin_module"
+
+        def load(self) -> None:
+            time.sleep(0.2)
+            env_module.register_env(env_id, "envs.guess_number:GuessNumberEnv")
+
+    def entry_points(group: str) -> list[SlowPlugin]:
+        assert group == env_module.ENV_ENTRY_POINTS
+        scans.append(1)
+        return [SlowPlugin()]
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", entry_points)
+    monkeypatch.setattr(env_module, "_plugins_scanned", False)
+    monkeypatch.setattr(env_module, "_loaded_plugins", set())
+    gym.registry.pop(env_id, None)
+    made, failed = [], []
+    start = threading.Barrier(16)
+
+    def build() -> None:
+        start.wait()
+        try:
+            made.append(make_env(env_id))
+        except Exception as e:  # an id not registered yet
+            failed.append(e)
+
+    threads = [threading.Thread(target=build) for _ in range(16)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        gym.registry.pop(env_id, None)
+    assert failed == [] and len(made) == 16
+    assert len(scans) == 1
