@@ -166,6 +166,9 @@ class VLLMEngineClient(VLLMClientBase):
             stop_token_ids=list(sampling.stop_token_ids),
             ignore_eos=sampling.ignore_eos,
             logprobs=0,
+            # Each output's logprobs as flat lists of primitives (vLLM's FlatLogprobs),
+            # not a dict of Logprob objects per token: see _sampled_logprobs.
+            flat_logprobs=True,
             detokenize=False,
             output_kind=RequestOutputKind.DELTA,
             # Made for this request alone: vLLM may take it as it is, rather than deep-copy
@@ -185,11 +188,9 @@ class VLLMEngineClient(VLLMClientBase):
                 async for out in stream:
                     completion = out.outputs[0]
                     new_ids = list(completion.token_ids)
-                    logprobs = [
-                        step[tok].logprob
-                        for tok, step in zip(new_ids, completion.logprobs or [], strict=True)
-                    ]
-                    self._inflight.extend(request_id, new_ids, logprobs)
+                    self._inflight.extend(
+                        request_id, new_ids, _sampled_logprobs(new_ids, completion.logprobs)
+                    )
                     if out.finished:
                         finish_reason = completion.finish_reason or "abort"
                         spans = completion.weight_versions
@@ -336,6 +337,22 @@ class VLLMEngineClient(VLLMClientBase):
 
     async def _label_weights(self, version: int) -> None:
         await self._engine.update_weight_version(str(version))
+
+
+def _sampled_logprobs(token_ids: list[int], logprobs: Any) -> list[float]:
+    """The logprob of each sampled token, from an output's ``logprobs``.
+
+    With ``logprobs=0`` every position holds the sampled token alone, so vLLM's
+    ``FlatLogprobs`` (``flat_logprobs=True``) has one entry a position and its
+    ``token_ids`` are the sampled ids: its ``logprobs`` list is the answer as it stands.
+    Anything else (a list of per-position dicts, or extra entries) is read position by
+    position; a position without its sampled token raises ``KeyError``, as before.
+    """
+    if logprobs is None:
+        return []
+    if getattr(logprobs, "token_ids", None) == token_ids and len(logprobs) == len(token_ids):
+        return list(logprobs.logprobs)
+    return [step[tok].logprob for tok, step in zip(token_ids, logprobs, strict=True)]
 
 
 def _span_versions(spans: Any, default: int) -> tuple[int, ...] | None:
