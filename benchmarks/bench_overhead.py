@@ -16,10 +16,13 @@ Platform through rollout workers: the same, the episodes in ``--workers`` worker
 processes (:mod:`agentrl.rollout.workers`) against the same engine in this process.
 
 They alternate ``--rounds`` times after a warm-up; the table gives the median tokens/s
-of each and the ratio (target: at least 0.95), and the CPU time this process (the one
+of each and the ratio (target: at least 0.95), the CPU time this process (the one
 running the engine's client, and the platform's loop, render thread and store writer)
-spent in a round, each way. On a machine with few cores the engine's own process
-competes with that CPU, so the difference is where the platform's overhead comes from.
+spent in a round, each way, and the engine steps a round took. The steps tell the two
+kinds of overhead apart: a platform slow to hand the engine its next requests leaves
+it stepping smaller batches, so the same tokens take more steps; the same number of
+steps at a lower tokens/s means each step took longer, the engine's processes getting
+less CPU (on a machine with few cores the platform's own CPU competes with them).
 """
 
 from __future__ import annotations
@@ -35,6 +38,24 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import save, table
+
+
+def count_engine_steps(client) -> list[int]:
+    """Count the engine core's output messages that carry sampled tokens, as the
+    client's output handler receives them (one a step of the engine core): the returned
+    list's one item goes up by one each."""
+    core = client._engine.engine_core
+    receive = core.get_output_async
+    steps = [0]
+
+    async def counted():  # the handler looks the method up on the object each time
+        outputs = await receive()
+        if outputs.outputs:
+            steps[0] += 1
+        return outputs
+
+    core.get_output_async = counted
+    return steps
 
 
 async def raw_round(client, prompts: list[list[int]], reply: list[int], turns: int,
@@ -121,10 +142,12 @@ async def main_async(args: argparse.Namespace) -> dict:
     config = InferenceConfig(max_model_len=1024, max_num_seqs=256)
     raw, plat = [], []
     raw_cpu, plat_cpu = [], []
+    steps: dict[str, list[int]] = {"raw": [], "platform": []}
     by_workers: dict[int, list[float]] = {n: [] for n in args.workers}
     workers_cpu: dict[int, list[float]] = {n: [] for n in args.workers}
     with tempfile.TemporaryDirectory() as tmp:
         async with await VLLMEngineClient.start(path, config) as client:
+            stepped = count_engine_steps(client)
             pools = {}
             for n in args.workers:  # started once (imports, tokenizer), used every round
                 pools[n] = await _workers(client, tokenizer, args, n)
@@ -137,18 +160,23 @@ async def main_async(args: argparse.Namespace) -> dict:
                     await platform_round(client, tokenizer, 8, args.turns, args.tokens, 0,
                                          Path(tmp) / f"w{n}", pool)  # fmt: skip
                 for r in range(args.rounds):
+                    s0 = stepped[0]
                     n, wall, cpu = await raw_round(client, prompts, reply, args.turns,
                                                    args.tokens)  # fmt: skip
                     raw.append(n / wall)
                     raw_cpu.append(cpu)
+                    s1 = stepped[0]
                     n2, wall2, cpu2 = await platform_round(client, tokenizer, args.episodes,
                                                            args.turns, args.tokens, 0,
                                                            Path(tmp) / f"r{r}")  # fmt: skip
                     plat.append(n2 / wall2)
                     plat_cpu.append(cpu2)
+                    steps["raw"].append(s1 - s0)
+                    steps["platform"].append(stepped[0] - s1)
                     assert n == n2 == args.episodes * args.turns * args.tokens, (n, n2)
                     line = f"  round {r + 1}: raw {raw[-1]:,.0f} tok/s, platform {plat[-1]:,.0f}"
                     for k, pool in pools.items():
+                        s2 = stepped[0]
                         n3, wall3, cpu3 = await platform_round(
                             client, tokenizer, args.episodes, args.turns, args.tokens, 0,
                             Path(tmp) / f"r{r}w{k}", pool,
@@ -156,6 +184,7 @@ async def main_async(args: argparse.Namespace) -> dict:
                         assert n3 == n, (n, n3)
                         by_workers[k].append(n3 / wall3)
                         workers_cpu[k].append(cpu3)
+                        steps.setdefault(f"{k} workers", []).append(stepped[0] - s2)
                         line += f", {k} workers {by_workers[k][-1]:,.0f}"
                     print(line + " tok/s", flush=True)
             finally:
@@ -164,12 +193,15 @@ async def main_async(args: argparse.Namespace) -> dict:
     raw_m, plat_m = statistics.median(raw), statistics.median(plat)
     workers = {str(k): {"tokens_per_s": statistics.median(v),
                         "ratio": statistics.median(v) / raw_m, "rounds": v,
-                        "main_cpu_ms_per_round": statistics.median(workers_cpu[k]) * 1000}
+                        "main_cpu_ms_per_round": statistics.median(workers_cpu[k]) * 1000,
+                        "engine_steps_per_round": statistics.median(steps[f"{k} workers"])}
                for k, v in by_workers.items() if v}  # fmt: skip
     return {"raw_tokens_per_s": raw_m, "platform_tokens_per_s": plat_m,
             "ratio": plat_m / raw_m, "raw_rounds": raw, "platform_rounds": plat,
             "raw_cpu_ms_per_round": statistics.median(raw_cpu) * 1000,
             "platform_cpu_ms_per_round": statistics.median(plat_cpu) * 1000,
+            "raw_engine_steps_per_round": statistics.median(steps["raw"]),
+            "platform_engine_steps_per_round": statistics.median(steps["platform"]),
             "workers": workers,
             "tokens_per_round": args.episodes * args.turns * args.tokens}  # fmt: skip
 
@@ -202,16 +234,20 @@ def main(argv: list[str] | None = None) -> dict:
           f"tokens, {args.rounds} rounds each way", flush=True)  # fmt: skip
     result = asyncio.run(main_async(args))
     rows = [
-        ["raw AsyncLLM", result["raw_tokens_per_s"], 1.0, result["raw_cpu_ms_per_round"]],
+        ["raw AsyncLLM", result["raw_tokens_per_s"], 1.0, result["raw_cpu_ms_per_round"],
+         result["raw_engine_steps_per_round"]],
         ["agentrl episode loop + store", result["platform_tokens_per_s"], result["ratio"],
-         result["platform_cpu_ms_per_round"]],
+         result["platform_cpu_ms_per_round"], result["platform_engine_steps_per_round"]],
     ]  # fmt: skip
     for k, w in result["workers"].items():
         rows.append([f"agentrl, {k} rollout worker processes + store", w["tokens_per_s"],
-                     w["ratio"], w["main_cpu_ms_per_round"]])  # fmt: skip
+                     w["ratio"], w["main_cpu_ms_per_round"],
+                     w["engine_steps_per_round"]])  # fmt: skip
     md = "### Platform overhead against raw vLLM (same tokens, same concurrency)\n\n" + table(
-        ["path", "tokens/s (median)", "ratio", "this process's CPU ms a round (median)"], rows
-    )
+        ["path", "tokens/s (median)", "ratio", "this process's CPU ms a round (median)",
+         "engine steps a round (median)"],
+        rows,
+    )  # fmt: skip
     turns = args.episodes * args.turns
     extra = (result["platform_cpu_ms_per_round"] - result["raw_cpu_ms_per_round"]) / turns
     md += (
