@@ -121,19 +121,21 @@ def outlier_sequence_mask(
 class CorrectionMasks:
     """The combined keep-weights of the masks that are on, and the tokens each dropped.
 
-    Counts are over the tokens of ``mask`` (detached floats); a token dropped by two
-    masks counts once in :attr:`dropped` and once in each mask's own count.
+    Counts are over the tokens of ``mask``; a token dropped by two masks counts once in
+    :attr:`dropped` and once in each mask's own count. They are 0-d tensors on the masks'
+    device, not Python floats: reading one (``float(t)``) makes the host wait for the
+    device, so the trainer reads them with the step's other statistics, once a step.
     """
 
     keep: torch.Tensor
     """``(B, T)`` float 0/1 weights (all ones when no mask is on)."""
-    dropped: float
+    dropped: torch.Tensor
     """Tokens of ``mask`` that any mask dropped."""
-    geo: float
+    geo: torch.Tensor
     """Tokens in sequences the geometric sequence mask dropped."""
-    token: float
+    token: torch.Tensor
     """Tokens the IcePop token mask dropped."""
-    outlier: float
+    outlier: torch.Tensor
     """Tokens in sequences the outlier mask dropped."""
 
 
@@ -146,7 +148,8 @@ def correction_masks(
     """Apply the masks ``config`` turns on (a mask is on when either of its bounds is set)."""
     mask = mask.to(old_logprobs.dtype)
     keep = torch.ones_like(mask)
-    counts = {"geo": 0.0, "token": 0.0, "outlier": 0.0}
+    none = mask.new_zeros(())
+    counts = {"geo": none, "token": none, "outlier": none}
     masks = (
         ("geo", geometric_sequence_mask, config.geo_mask_low, config.geo_mask_high),
         ("token", token_band_mask, config.token_mask_low, config.token_mask_high),
@@ -155,7 +158,7 @@ def correction_masks(
     active = [(n, fn, lo, hi) for n, fn, lo, hi in masks if lo is not None or hi is not None]
     for name, fn, low, high in active:
         weights = fn(old_logprobs, behaviour_logprobs, mask, low, high).expand_as(mask)
-        counts[name] = float(((1.0 - weights) * mask).sum())
+        counts[name] = ((1.0 - weights) * mask).sum().detach()
         keep = keep * weights
-    dropped = float(((1.0 - keep) * mask).sum()) if active else 0.0
+    dropped = ((1.0 - keep) * mask).sum().detach() if active else none
     return CorrectionMasks(keep=keep, dropped=dropped, **counts)

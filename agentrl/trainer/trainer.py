@@ -589,8 +589,7 @@ class Trainer:
             loss.backward()
         else:  # the wrapper averages gradients over ranks; each loss is a share of the sum
             self.accelerator.backward(loss * self.world)
-        self._accumulate(acc, loss, stats, mb, mask, old, weights)
-        self._accumulate_masks(acc, masks)
+        self._accumulate(acc, loss, stats, mb, mask, old, weights, masks)
 
     def _micro_step_count(self, local: int) -> int:
         """Micro-steps this rank runs: its own, or under FSDP the most of any rank."""
@@ -631,20 +630,16 @@ class Trainer:
             with self.unwrapped.disable_adapter():  # LoRA: the base model is the reference
                 return self.logprobs(self.model, mb)
 
-    @staticmethod
-    def _accumulate_masks(acc: dict[str, Any], masks: CorrectionMasks) -> None:
-        for name in ("dropped", "geo", "token", "outlier"):
-            acc[name] += getattr(masks, name)
-
     # What each micro-step adds to the step's statistics, kept on the device until the
     # step ends: reading them at once (``float(t)``) would make the host wait for every
     # micro-step's backward, so that it could not queue the next one meanwhile.
     _PENDING = ("loss", "clipped", "tokens", "kl", "w_min", "w_max", "w_sum", "st_min",
-                "st_max", "st_sum", "gap_sum", "gap_n")  # fmt: skip
+                "st_max", "st_sum", "gap_sum", "gap_n", "dropped", "geo", "token",
+                "outlier")  # fmt: skip
 
     def _accumulate(self, acc: dict[str, Any], loss: torch.Tensor, stats: dict[str, Any],
                     mb: MicroBatch, mask: torch.Tensor, old: torch.Tensor,
-                    weights: torch.Tensor) -> None:  # fmt: skip
+                    weights: torch.Tensor, masks: CorrectionMasks) -> None:  # fmt: skip
         """Queue this micro-step's statistics (device tensors; :meth:`_settle` reads them)."""
         on = mask.bool()
         inf = torch.tensor(float("inf"), device=on.device)
@@ -660,6 +655,7 @@ class Trainer:
             torch.where(on, staleness, inf).min(), torch.where(on, staleness, -inf).max(),
             torch.where(on, staleness, 0.0).sum(),
             torch.where(fresh, (old - mb.behaviour_logprobs).abs(), 0.0).sum(), fresh.sum(),
+            masks.dropped, masks.geo, masks.token, masks.outlier,
         )  # fmt: skip
         acc["pending"].append(torch.stack([torch.as_tensor(v, device=on.device).double()
                                            for v in values]))  # fmt: skip
@@ -675,6 +671,8 @@ class Trainer:
             acc["clipped"] += v["clipped"]
             acc["tokens"] += int(v["tokens"])
             acc["kl"] += v["kl"]
+            for name in ("dropped", "geo", "token", "outlier"):
+                acc[name] += v[name]
             if not v["tokens"]:
                 continue
             acc["w_min"] = min(acc["w_min"], v["w_min"])

@@ -89,12 +89,21 @@ def test_correction_masks_combine_and_count() -> None:
     )
     mask = torch.ones(3, 3)
     config = LossConfig(token_mask_low=0.5, token_mask_high=2.0, outlier_low=1e-4)
-    masks = correction_masks(old, behaviour, mask, config)
+    # the counts stay tensors: nothing is read back to the host (a wait for the device
+    # on every micro-batch); the trainer reads them with the step's other statistics
+    read_back = torch.Tensor.item, torch.Tensor.__float__, torch.Tensor.tolist
+    torch.Tensor.item = torch.Tensor.__float__ = torch.Tensor.tolist = None  # type: ignore[assignment,method-assign]
+    try:
+        masks = correction_masks(old, behaviour, mask, config)
+        off = correction_masks(old, behaviour, mask, LossConfig())
+    finally:
+        torch.Tensor.item, torch.Tensor.__float__, torch.Tensor.tolist = read_back  # type: ignore[method-assign]
     assert masks.keep.tolist() == [[1.0, 1.0, 0.0], [0.0, 0.0, 0.0], [1.0, 1.0, 1.0]]
-    assert (masks.token, masks.outlier, masks.geo, masks.dropped) == (2.0, 3.0, 0.0, 4.0)
+    counts = (masks.token, masks.outlier, masks.geo, masks.dropped)
+    assert all(isinstance(c, torch.Tensor) and c.dim() == 0 for c in counts)
+    assert [float(c) for c in counts] == [2.0, 3.0, 0.0, 4.0]
     # the defaults turn every mask off
-    off = correction_masks(old, behaviour, mask, LossConfig())
-    assert torch.equal(off.keep, torch.ones(3, 3)) and off.dropped == 0.0
+    assert torch.equal(off.keep, torch.ones(3, 3)) and float(off.dropped) == 0.0
 
 
 def test_dppo_terms_by_hand() -> None:
@@ -211,3 +220,29 @@ def test_trainer_wiring_masks_and_dppo(tiny_model: Path) -> None:
     dppo = trained(tiny_model, kind="dppo")
     assert dppo.loss != 0.0 and math.isfinite(dppo.loss) and dppo.is_weight_mean == 1.0
     assert 0.0 < dppo.clip_fraction < 1.0
+
+
+@pytest.mark.parametrize(
+    ("settings", "fractions"),
+    [  # (masked, geo, token, outlier): a bound no ratio reaches drops every token
+        ({"token_mask_low": 1e9}, (1.0, 0.0, 1.0, 0.0)),
+        ({"outlier_low": 1e9}, (1.0, 0.0, 0.0, 1.0)),
+        ({"geo_mask_low": 1e9}, (1.0, 1.0, 0.0, 0.0)),
+        ({}, (0.0, 0.0, 0.0, 0.0)),
+    ],
+)
+def test_a_train_step_reports_what_each_mask_dropped(tiny_model, settings, fractions) -> None:
+    """The counts travel with the step's other statistics (one read a step) and land in
+    their own fields of the step's stats."""
+    from agentrl.config import TrainerConfig
+    from agentrl.trainer.trainer import Trainer
+    from tests.trainer.test_checkpoint import synthetic_groups
+
+    config = TrainerConfig(lr=1e-3, micro_batch_tokens=40, loss=LossConfig("grpo", **settings))
+    stats = Trainer(str(tiny_model), config, temperature=0.9, seed=0).train_step(
+        synthetic_groups(4, groups=2, size=4)
+    )
+    assert stats.tokens > 0
+    reported = (stats.masked_fraction, stats.geo_masked_fraction,
+                stats.token_masked_fraction, stats.outlier_masked_fraction)  # fmt: skip
+    assert reported == pytest.approx(fractions)
