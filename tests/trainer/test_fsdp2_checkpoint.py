@@ -28,7 +28,10 @@ from tests.trainer.test_distributed_cpu import _accelerator
 # tests failed once with a spawned rank dying in std::terminate (SIGABRT, "terminate
 # called without an active exception"), while they pass alone, under CPU load and after
 # the CPU-pinning tests; the cause is not found yet. Each rank now also leaves the
-# process group together with its peer (barrier, destroy) before it exits.
+# process group together with its peer (barrier, destroy) before it exits. Seen again
+# once in 16 runs of this file on 2026-12-05 (rank 1 of the LoRA run, just after loading
+# the weights, as the trainer tests started beside it): each rank now dumps its Python
+# threads' stacks on SIGABRT (faulthandler), so the next one shows where it was.
 pytestmark = pytest.mark.soak
 
 FULL = TrainerConfig(lr=1e-2, micro_batch_tokens=24, loss=LossConfig("grpo"))
@@ -50,9 +53,12 @@ def _rank(rank: int, world: int, model: str, out: str, port: int, lora: bool,
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(world))  # fmt: skip
+    import faulthandler
+
     from agentrl.trainer.checkpoint import load_checkpoint
     from agentrl.trainer.distributed import follow
 
+    faulthandler.enable(all_threads=True)  # stacks on a std::terminate (see the top)
     torch.set_num_threads(1)
     trainer = Trainer(model, LORA if lora else FULL, temperature=1.0, seed=0,
                       accelerator=_accelerator("fsdp2"))  # fmt: skip
