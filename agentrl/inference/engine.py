@@ -351,7 +351,7 @@ def _sampled_logprobs(token_ids: list[int], logprobs: Any) -> list[float]:
     if logprobs is None:
         return []
     if getattr(logprobs, "token_ids", None) == token_ids and len(logprobs) == len(token_ids):
-        return list(logprobs.logprobs)
+        return logprobs.logprobs  # a fresh slice per output; the caller copies it in
     return [step[tok].logprob for tok, step in zip(token_ids, logprobs, strict=True)]
 
 

@@ -234,14 +234,9 @@ def test_trainer_wiring_masks_and_dppo(tiny_model: Path) -> None:
 def test_a_train_step_reports_what_each_mask_dropped(tiny_model, settings, fractions) -> None:
     """The counts travel with the step's other statistics (one read a step) and land in
     their own fields of the step's stats."""
-    from agentrl.config import TrainerConfig
-    from agentrl.trainer.trainer import Trainer
-    from tests.trainer.test_checkpoint import synthetic_groups
+    from tests.trainer.test_gpu_paths import _step
 
-    config = TrainerConfig(lr=1e-3, micro_batch_tokens=40, loss=LossConfig("grpo", **settings))
-    stats = Trainer(str(tiny_model), config, temperature=0.9, seed=0).train_step(
-        synthetic_groups(4, groups=2, size=4)
-    )
+    _trainer, stats, _grads = _step(tiny_model, loss=LossConfig("grpo", **settings))
     assert stats.tokens > 0
     reported = (stats.masked_fraction, stats.geo_masked_fraction,
                 stats.token_masked_fraction, stats.outlier_masked_fraction)  # fmt: skip
