@@ -15,9 +15,10 @@ import pytest
 
 from agentrl.rollout.evaluation import pass_at_k
 from agentrl.store import EpisodeStore
-from tests.faults.harness import AGENTRL, Proc, agentrl_env, audit, wait_until
+from tests.faults.harness import AGENTRL, Proc, agentrl_env, audit
 
-TASKS, K = 6, 4
+TASKS, K = 8, 4
+KILL_AT = TASKS * K  # the generation call the first run is killed at
 ENDED = "('finished', 'truncated', 'failed')"
 
 
@@ -41,16 +42,27 @@ def ended_rows(db: Path) -> set[tuple[str, int, float]]:
 def test_eval_killed_mid_way_resumes_without_rerunning_an_episode(
     tmp_path: Path, model_cache: Path
 ) -> None:
-    out, env = tmp_path / "eval", agentrl_env(model_cache)
+    # SIGKILL at the KILL_AT-th generation call, not at a moment a poll catches: a poll
+    # raced the eval and lost once the rollout got faster (the eval had ended by the
+    # time it looked). Every episode needs at least one generation, so at that call at
+    # most KILL_AT - 1 of the TASKS * K episodes can have ended; with 4 in flight of at
+    # most 3 turns each, at least (KILL_AT - 12) / 3 have, the first of them about five
+    # batched generation rounds (~0.2 s each here) before the kill, well past the store
+    # writer's 0.2 s commit interval.
+    out = tmp_path / "eval"
+    kill_env = agentrl_env(model_cache, AGENTRL_FAULTS=f"generation@{KILL_AT}")
     first = [AGENTRL, "eval", "tiny", "--env", "agentrl/GuessNumber-v0", "--episodes",
              str(TASKS), "-k", str(K), "--concurrency", "4", "--max-tokens", "32",
              "--max-turns", "3", "--out", str(out)]  # fmt: skip
-    proc = Proc(first, tmp_path / "first.log", env)
+    proc = Proc(first, tmp_path / "first.log", kill_env)
+    assert proc.wait(200) == -9, f"the eval was not killed at its fault point:\n{proc.tail()}"
+    assert f"SIGKILL at generation (hit {KILL_AT})" in proc.text(), proc.tail()
     db = out / "episodes.db"
-    wait_until(lambda: len(ended_rows(db)) >= 4, "4 ended episodes", 200, proc)
-    proc.kill()
     before = ended_rows(db)
-    assert len(before) < TASKS * K, "the eval finished before the kill; give it more work"
+    assert 0 < len(before) < TASKS * K, (
+        f"{len(before)} episodes ended before the kill; the test needs some, not all"
+    )
+    env = agentrl_env(model_cache)
 
     resumed = Proc([AGENTRL, "eval", "--resume", "--out", str(out)], tmp_path / "resume.log",
                    env)  # fmt: skip
