@@ -16,7 +16,10 @@ Platform through rollout workers: the same, the episodes in ``--workers`` worker
 processes (:mod:`agentrl.rollout.workers`) against the same engine in this process.
 
 They alternate ``--rounds`` times after a warm-up; the table gives the median tokens/s
-of each and the ratio (target: at least 0.95), the CPU time this process (the one
+of each and the ratio (target: at least 0.95), the paired ratio (the median of each
+round's figure over that round's raw one) with its 95% bootstrap interval over the
+rounds (where it spans 0.95, the rounds cannot tell which side the ratio is on), the
+CPU time this process (the one
 running the engine's client, and the platform's loop, render thread and store writer)
 spent in a round, each way, and the engine steps a round took. The steps tell the two
 kinds of overhead apart: a platform slow to hand the engine its next requests leaves
@@ -37,7 +40,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import save, table
+from benchmarks.common import paired_ratio, save, table
 
 
 def count_engine_steps(client) -> list[int]:
@@ -192,12 +195,14 @@ async def main_async(args: argparse.Namespace) -> dict:
                     await pool.close()
     raw_m, plat_m = statistics.median(raw), statistics.median(plat)
     workers = {str(k): {"tokens_per_s": statistics.median(v),
-                        "ratio": statistics.median(v) / raw_m, "rounds": v,
+                        "ratio": statistics.median(v) / raw_m,
+                        "paired_ratio": paired_ratio(v, raw), "rounds": v,
                         "main_cpu_ms_per_round": statistics.median(workers_cpu[k]) * 1000,
                         "engine_steps_per_round": statistics.median(steps[f"{k} workers"])}
                for k, v in by_workers.items() if v}  # fmt: skip
     return {"raw_tokens_per_s": raw_m, "platform_tokens_per_s": plat_m,
-            "ratio": plat_m / raw_m, "raw_rounds": raw, "platform_rounds": plat,
+            "ratio": plat_m / raw_m, "paired_ratio": paired_ratio(plat, raw),
+            "raw_rounds": raw, "platform_rounds": plat,
             "raw_cpu_ms_per_round": statistics.median(raw_cpu) * 1000,
             "platform_cpu_ms_per_round": statistics.median(plat_cpu) * 1000,
             "raw_engine_steps_per_round": statistics.median(steps["raw"]),
@@ -218,6 +223,19 @@ async def _workers(client, tokenizer, args: argparse.Namespace, n: int):
     return pool
 
 
+def _interval(r: dict[str, float]) -> str:
+    return f"{r['median']:.3f} ({r['low']:.3f}-{r['high']:.3f})"
+
+
+def _verdict(r: dict[str, float], target: float) -> str:
+    """What the one loop's paired interval says of the target."""
+    if r["low"] >= target:
+        return f"its 95% interval is above {target}: met"
+    if r["high"] < target:
+        return f"its 95% interval is below {target}: not met"
+    return f"its 95% interval spans {target}: these rounds cannot tell"
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny")
@@ -234,18 +252,19 @@ def main(argv: list[str] | None = None) -> dict:
           f"tokens, {args.rounds} rounds each way", flush=True)  # fmt: skip
     result = asyncio.run(main_async(args))
     rows = [
-        ["raw AsyncLLM", result["raw_tokens_per_s"], 1.0, result["raw_cpu_ms_per_round"],
+        ["raw AsyncLLM", result["raw_tokens_per_s"], 1.0, "", result["raw_cpu_ms_per_round"],
          result["raw_engine_steps_per_round"]],
         ["agentrl episode loop + store", result["platform_tokens_per_s"], result["ratio"],
-         result["platform_cpu_ms_per_round"], result["platform_engine_steps_per_round"]],
+         _interval(result["paired_ratio"]), result["platform_cpu_ms_per_round"],
+         result["platform_engine_steps_per_round"]],
     ]  # fmt: skip
     for k, w in result["workers"].items():
         rows.append([f"agentrl, {k} rollout worker processes + store", w["tokens_per_s"],
-                     w["ratio"], w["main_cpu_ms_per_round"],
+                     w["ratio"], _interval(w["paired_ratio"]), w["main_cpu_ms_per_round"],
                      w["engine_steps_per_round"]])  # fmt: skip
     md = "### Platform overhead against raw vLLM (same tokens, same concurrency)\n\n" + table(
-        ["path", "tokens/s (median)", "ratio", "this process's CPU ms a round (median)",
-         "engine steps a round (median)"],
+        ["path", "tokens/s (median)", "ratio", "paired ratio (95% interval)",
+         "this process's CPU ms a round (median)", "engine steps a round (median)"],
         rows,
     )  # fmt: skip
     turns = args.episodes * args.turns
@@ -256,7 +275,9 @@ def main(argv: list[str] | None = None) -> dict:
     )
     best = max([result["ratio"], *(w["ratio"] for w in result["workers"].values())])
     md += (f"\n\nTarget: ratio >= 0.95. One loop: {'met' if result['ratio'] >= 0.95 else 'NOT met'}"
-           f"; best: {best:.3f}.")  # fmt: skip
+           f"; best: {best:.3f}. The paired ratio is the median of each round's platform "
+           f"figure over that round's raw one; "
+           f"{_verdict(result['paired_ratio'], 0.95)}.")  # fmt: skip
     print(md, flush=True)
     save("overhead", vars(args), result, md)
     return result

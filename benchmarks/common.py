@@ -12,6 +12,8 @@ import asyncio
 import json
 import os
 import platform
+import random
+import statistics
 import subprocess
 import time
 from collections.abc import Sequence
@@ -76,6 +78,28 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def paired_ratio(values: Sequence[float], baseline: Sequence[float], *, resamples: int = 2000,
+                 seed: int = 0) -> dict[str, float]:  # fmt: skip
+    """The median of each round's ``values[i] / baseline[i]``, with a 95% interval.
+
+    The rounds of the two were measured one right after the other, so a slow spell of
+    the machine moves both of a pair: their ratio is steadier than the ratio of the two
+    medians. The interval is a percentile bootstrap over the rounds (``resamples``
+    draws of as many rounds, with replacement, from a seeded generator): where it
+    spans a target, this many rounds on this machine cannot say which side the figure
+    is on.
+    """
+    if len(values) != len(baseline) or not values:
+        raise ValueError(f"paired_ratio needs as many rounds of each, at least one; got "
+                         f"{len(values)} and {len(baseline)}")  # fmt: skip
+    ratios = [v / b for v, b in zip(values, baseline, strict=True)]
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios)))
+                     for _ in range(resamples))  # fmt: skip
+    low, high = medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
+    return {"median": statistics.median(ratios), "low": low, "high": high}
 
 
 def save(name: str, settings: dict[str, Any], results: Any, markdown: str) -> Path:

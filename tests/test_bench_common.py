@@ -1,0 +1,40 @@
+"""The benchmarks' paired ratio: the median of per-round ratios and its bootstrap interval."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from benchmarks.common import paired_ratio
+
+
+def test_paired_ratio_is_the_median_of_round_ratios_inside_its_interval() -> None:
+    rng = random.Random(1)
+    raw = [rng.uniform(6000, 9000) for _ in range(31)]  # a machine with slow spells
+    platform = [r * rng.uniform(0.90, 0.96) for r in raw]  # each round 4-10% below its raw
+    r = paired_ratio(platform, raw)
+    ratios = sorted(p / b for p, b in zip(platform, raw, strict=True))
+    assert r["median"] == pytest.approx(ratios[15])
+    assert 0.90 <= r["low"] <= r["median"] <= r["high"] <= 0.96
+    assert r["high"] - r["low"] < 0.04  # the pairing takes out the spells
+    assert paired_ratio(platform, raw) == r  # seeded: the same interval each time
+
+
+def test_paired_ratio_interval_narrows_with_rounds_and_is_exact_when_rounds_agree() -> None:
+    assert paired_ratio([9.0] * 5, [10.0] * 5) == {"median": 0.9, "low": 0.9, "high": 0.9}
+    rng = random.Random(2)
+    widths = []
+    for n in (7, 61):
+        raw = [1.0] * n
+        plat = [rng.gauss(0.93, 0.03) for _ in range(n)]
+        r = paired_ratio(plat, raw)
+        widths.append(r["high"] - r["low"])
+    assert widths[1] < widths[0]
+
+
+def test_paired_ratio_refuses_unpaired_rounds() -> None:
+    with pytest.raises(ValueError, match="as many rounds"):
+        paired_ratio([1.0, 2.0], [1.0])
+    with pytest.raises(ValueError, match="at least one"):
+        paired_ratio([], [])
