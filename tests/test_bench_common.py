@@ -38,3 +38,13 @@ def test_paired_ratio_refuses_unpaired_rounds() -> None:
         paired_ratio([1.0, 2.0], [1.0])
     with pytest.raises(ValueError, match="at least one"):
         paired_ratio([], [])
+
+
+def test_paired_ratio_interval_covers_the_true_median_about_95_in_100_times() -> None:
+    rng = random.Random(3)
+    covered = 0
+    for trial in range(200):
+        ratios = [rng.gauss(0.93, 0.03) for _ in range(31)]  # the true median is 0.93
+        r = paired_ratio(ratios, [1.0] * 31, resamples=500, seed=trial)
+        covered += r["low"] <= 0.93 <= r["high"]
+    assert 0.88 * 200 <= covered <= 0.985 * 200, covered  # a min-max span covers ~all
