@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from agentrl.cli import quiet_vllm
+from agentrl.cli import end_quietly, quiet_vllm
 from agentrl.env import AsyncTextEnv, register_env
 
 quiet_vllm()  # only vLLM's errors: the tables are the output
@@ -99,7 +99,8 @@ def paired_ratio(values: Sequence[float], baseline: Sequence[float], *, resample
     medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios)))
                      for _ in range(resamples))  # fmt: skip
     low, high = medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
-    return {"median": statistics.median(ratios), "low": low, "high": high}
+    return {"median": statistics.median(ratios), "low": low, "high": high,
+            "rounds": len(ratios)}  # fmt: skip
 
 
 def save(name: str, settings: dict[str, Any], results: Any, markdown: str) -> Path:
@@ -109,6 +110,9 @@ def save(name: str, settings: dict[str, Any], results: Any, markdown: str) -> Pa
                "machine": machine(), "settings": settings, "results": results,
                "markdown": markdown}  # fmt: skip
     path.write_text(json.dumps(payload, indent=2, default=str))
+    # The table is out: what the interpreter prints while it tears down vLLM (hundreds of
+    # "nanobind: leaked ..." lines from triton) goes nowhere, as after an agentrl command.
+    end_quietly()
     return path
 
 
