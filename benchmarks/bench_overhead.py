@@ -229,6 +229,8 @@ def _interval(r: dict[str, float]) -> str:
 
 def _verdict(r: dict[str, float], target: float) -> str:
     """What the one loop's paired interval says of the target."""
+    if r["rounds"] < 5:  # a bootstrap over so few rounds says nothing
+        return f"{r['rounds']} rounds are too few for an interval: run --rounds 11 or more"
     if r["low"] >= target:
         return f"its 95% interval is above {target}: met"
     if r["high"] < target:

@@ -19,7 +19,7 @@ sys.path.insert(0, str(HERE.parent))
 
 BENCHMARKS = [
     ("async_vs_sync", "bench_async_vs_sync.py", []),
-    ("overhead", "bench_overhead.py", []),
+    ("overhead", "bench_overhead.py", ["--rounds", "11"]),  # enough for a paired interval
     ("serve_stream", "bench_serve_stream.py", []),
     ("concurrency", "bench_concurrency.py", []),
     ("weight_update", "bench_weight_update.py", []),

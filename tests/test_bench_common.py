@@ -22,7 +22,12 @@ def test_paired_ratio_is_the_median_of_round_ratios_inside_its_interval() -> Non
 
 
 def test_paired_ratio_interval_narrows_with_rounds_and_is_exact_when_rounds_agree() -> None:
-    assert paired_ratio([9.0] * 5, [10.0] * 5) == {"median": 0.9, "low": 0.9, "high": 0.9}
+    assert paired_ratio([9.0] * 5, [10.0] * 5) == {
+        "median": 0.9,
+        "low": 0.9,
+        "high": 0.9,
+        "rounds": 5,
+    }
     rng = random.Random(2)
     widths = []
     for n in (7, 61):
