@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -31,7 +32,9 @@ from tests.trainer.test_distributed_cpu import _accelerator
 # process group together with its peer (barrier, destroy) before it exits. Seen again
 # once in 16 runs of this file on 2026-12-05 (rank 1 of the LoRA run, just after loading
 # the weights, as the trainer tests started beside it): each rank now dumps its Python
-# threads' stacks on SIGABRT (faulthandler), so the next one shows where it was.
+# threads' stacks on SIGABRT (faulthandler), so the next one shows where it was. It did
+# (a `make soak` run that evening): at exit, after the rank's work, so each rank now ends
+# with os._exit once it has left the group (see the end of _rank).
 pytestmark = pytest.mark.soak
 
 FULL = TrainerConfig(lr=1e-2, micro_batch_tokens=24, loss=LossConfig("grpo"))
@@ -74,6 +77,13 @@ def _rank(rank: int, world: int, model: str, out: str, port: int, lora: bool,
     # CI machine.
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
+    # And no interpreter teardown: the SIGABRT seen in `make soak` on 2026-12-05 evening
+    # came after this rank's work (the run's end checkpoint was complete 50 ms before),
+    # from a native thread, with the main thread past its last Python frame: a libtorch
+    # thread still joinable when the process's static objects were destroyed.
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(0)
 
 
 def _lead(trainer: Trainer, out: str, lora: bool, start: str, steps: int) -> None:
