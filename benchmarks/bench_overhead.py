@@ -19,9 +19,9 @@ They alternate ``--rounds`` times after a warm-up; the table gives the median to
 of each and the ratio (target: at least 0.95), the paired ratio (the median of each
 round's figure over that round's raw one) with its 95% bootstrap interval over the
 rounds (where it spans 0.95, the rounds cannot tell which side the ratio is on), the
-CPU time this process (the one
-running the engine's client, and the platform's loop, render thread and store writer)
-spent in a round, each way, and the engine steps a round took. The steps tell the two
+CPU time this process (the one running the engine's client, and the platform's loop,
+render thread and store writer) spent in a round, each way, and the engine steps a
+round took. The steps tell the two
 kinds of overhead apart: a platform slow to hand the engine its next requests leaves
 it stepping smaller batches, so the same tokens take more steps; the same number of
 steps at a lower tokens/s means each step took longer, the engine's processes getting
