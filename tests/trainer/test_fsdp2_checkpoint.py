@@ -25,16 +25,12 @@ from agentrl.trainer.trainer import Trainer
 from tests.trainer.test_checkpoint import synthetic_groups
 from tests.trainer.test_distributed_cpu import _accelerator
 
-# In `make soak`, not `make test`: in a fresh-clone run of the whole suite all three
-# tests failed once with a spawned rank dying in std::terminate (SIGABRT, "terminate
-# called without an active exception"), while they pass alone, under CPU load and after
-# the CPU-pinning tests; the cause is not found yet. Each rank now also leaves the
-# process group together with its peer (barrier, destroy) before it exits. Seen again
-# once in 16 runs of this file on 2026-12-05 (rank 1 of the LoRA run, just after loading
-# the weights, as the trainer tests started beside it): each rank now dumps its Python
-# threads' stacks on SIGABRT (faulthandler), so the next one shows where it was. It did
-# (a `make soak` run that evening): at exit, after the rank's work, so each rank now ends
-# with os._exit once it has left the group (see the end of _rank).
+# In `make soak`, not `make test`: now and then a spawned rank died in std::terminate
+# (SIGABRT, "terminate called without an active exception"), in a fresh-clone run of the
+# whole suite and once in 16 runs of this file. Its stacks (faulthandler, on in each
+# rank) placed it at interpreter exit, after the rank's work, in a native thread: each
+# rank now leaves the process group with its peer (barrier, destroy) and then ends with
+# os._exit (see the end of _rank).
 pytestmark = pytest.mark.soak
 
 FULL = TrainerConfig(lr=1e-2, micro_batch_tokens=24, loss=LossConfig("grpo"))
