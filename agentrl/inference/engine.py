@@ -40,6 +40,15 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+ENGINE_EXIT_TIMEOUT_S = 30.0
+"""How long :meth:`VLLMEngineClient.close` lets vLLM's engine core process exit on its
+own before vLLM kills it. vLLM's default is 5 s, and the engine core's own teardown
+(waiting up to 5 s for its worker, then unlinking the shared memory and the semaphore it
+made, then its interpreter's exit) takes about that long on an idle 2-core machine: on
+a busy one it was killed part way, and the multiprocessing resource tracker then printed
+"leaked shared_memory/semaphore objects" after the command's results. An engine core
+that hangs is still killed, after this long."""
+
 
 class VLLMEngineClient(VLLMClientBase):
     """An :class:`~agentrl.inference.base.InferenceClient` over an in-process ``AsyncLLM``.
@@ -309,7 +318,7 @@ class VLLMEngineClient(VLLMClientBase):
         level = handler_log.level
         handler_log.setLevel(logging.CRITICAL)
         try:
-            await asyncio.to_thread(self._engine.shutdown)
+            await asyncio.to_thread(self._engine.shutdown, timeout=ENGINE_EXIT_TIMEOUT_S)
             # vLLM's __del__ shuts down again; run it now, not at interpreter teardown
             # where it fails on half-destroyed module globals.
             del self._engine

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -64,3 +65,26 @@ async def test_tokens_stream_in_steps_and_an_abort_cut_between_them_loses_none(
         assert partial.logprobs == pytest.approx(full.logprobs[:n], abs=1e-4)
         beyond_streamed.append(n > streamed)
     assert any(beyond_streamed), "an abort handed back only the tokens already streamed"
+
+
+async def test_close_lets_the_engine_core_exit_on_its_own_on_a_busy_machine(
+    client: VLLMEngineClient,
+) -> None:
+    """Closing the client (last in this module: it ends the shared engine) waits for
+    vLLM's engine core process to exit by itself, even with every core busy: killed part
+    way through its teardown, it left its shared memory to the resource tracker, which
+    printed "leaked shared_memory objects" after `agentrl rollout`'s results. vLLM's own
+    5 s was too short here: two busy loops made the teardown take 6-7 s."""
+    processes = list(client._engine.engine_core.resources.engine_manager.processes)
+    assert processes and all(p.is_alive() for p in processes)
+    busy = [await asyncio.create_subprocess_exec(sys.executable, "-c", "while True: pass")
+            for _ in range(2)]  # fmt: skip
+    try:
+        await client.close()
+    finally:
+        for p in busy:
+            p.kill()
+            await p.wait()
+    assert [p.exitcode for p in processes] == [0] * len(processes), (
+        "the engine core was killed (negative exit code) instead of exiting on its own"
+    )
