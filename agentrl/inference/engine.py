@@ -40,14 +40,15 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-ENGINE_EXIT_TIMEOUT_S = 30.0
+ENGINE_EXIT_TIMEOUT_S = 20.0
 """How long :meth:`VLLMEngineClient.close` lets vLLM's engine core process exit on its
 own before vLLM kills it. vLLM's default is 5 s, and the engine core's own teardown
 (waiting up to 5 s for its worker, then unlinking the shared memory and the semaphore it
 made, then its interpreter's exit) takes about that long on an idle 2-core machine: on
 a busy one it was killed part way, and the multiprocessing resource tracker then printed
-"leaked shared_memory/semaphore objects" after the command's results. An engine core
-that hangs is still killed, after this long."""
+"leaked shared_memory objects" after the command's results (6-7 s with two busy loops
+beside it). An engine core that hangs is still killed, after this long: within
+``run.stop_grace_s`` (25 s), so a run stopped by SIGTERM still closes cleanly."""
 
 
 class VLLMEngineClient(VLLMClientBase):
