@@ -1,6 +1,7 @@
 """Platform overhead against raw vLLM: the same token workload both ways.
 
     python benchmarks/bench_overhead.py [--episodes 64] [--turns 3] [--tokens 32] [--workers 2]
+                                        [--rounds 11] [--without-store]
 
 Raw: ``AsyncLLM.generate`` directly (the engine's own object), E concurrent
 "episodes", each T turns of exactly L sampled tokens (``ignore_eos``); after each turn
@@ -11,6 +12,10 @@ Platform: the full episode loop on the same engine: Scheduler, EpisodeRunner (ch
 template, tool-call parsing, env step in the loop, token provenance), a zero-cost
 env (``bench/Echo-v0``), and the episode store writer (a checkpoint per turn, every
 trajectory written).
+
+Platform without the store (``--without-store``, a diagnostic): the same loop with no
+checkpoints and no store writer, to tell the store's share of the overhead from the
+loop's. It is not the product's path and does not count toward the target.
 
 Platform through rollout workers: the same, the episodes in ``--workers`` worker
 processes (:mod:`agentrl.rollout.workers`) against the same engine in this process.
@@ -94,31 +99,39 @@ async def raw_round(client, prompts: list[list[int]], reply: list[int], turns: i
 
 
 async def platform_round(client, tokenizer, episodes: int, turns: int, tokens: int, seed: int,
-                         store_dir: Path, workers=None) -> tuple[int, float, float]:  # fmt: skip
-    """The platform's episodes; through ``workers`` (a started ``WorkerRunner``) if given.
-    Returns the tokens sampled, the wall time and this process's CPU time (every thread)."""
+                         store_dir: Path, workers=None, store: bool = True,
+                         ) -> tuple[int, float, float]:  # fmt: skip
+    """The platform's episodes; through ``workers`` (a started ``WorkerRunner``) if given;
+    without the episode store (no checkpoints, no writer) if not ``store``. Returns the
+    tokens sampled, the wall time and this process's CPU time (every thread)."""
     from agentrl.queue import TrajectoryQueue
     from agentrl.rollout import EpisodeRunner, RolloutConfig, Scheduler, tasks_for
     from agentrl.store import EpisodeStore, StoreWriter
 
-    store_dir.mkdir(parents=True, exist_ok=True)
-    store = EpisodeStore.open(store_dir)
     rollout = RolloutConfig(max_turns=turns, max_tokens_per_turn=tokens, ignore_eos=True)
-    async with StoreWriter(store) as writer:
-        if workers is not None:
-            runner, workers.checkpoint = workers, writer.partial
-        else:
-            runner = EpisodeRunner(client, tokenizer, rollout, checkpoint=writer.partial)
-        queue = TrajectoryQueue(episodes + 1)
-        scheduler = Scheduler(runner, queue, RolloutConfig(concurrency=episodes, group_size=1),
-                              writer=writer)  # fmt: skip
-        tasks = list(tasks_for("bench/Echo-v0", episodes, first_seed=seed, turns=turns))
+    queue = TrajectoryQueue(episodes + 1)
+    tasks = list(tasks_for("bench/Echo-v0", episodes, first_seed=seed, turns=turns))
+    limits = RolloutConfig(concurrency=episodes, group_size=1)
+    if not store:
+        runner = EpisodeRunner(client, tokenizer, rollout, checkpoint=None)
         t0, cpu0 = time.perf_counter(), time.process_time()
-        await scheduler.run(tasks)
-        await writer.flush()
+        await Scheduler(runner, queue, limits).run(tasks)
         wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    else:
+        store_dir.mkdir(parents=True, exist_ok=True)
+        db = EpisodeStore.open(store_dir)
+        async with StoreWriter(db) as writer:
+            if workers is not None:
+                runner, workers.checkpoint = workers, writer.partial
+            else:
+                runner = EpisodeRunner(client, tokenizer, rollout, checkpoint=writer.partial)
+            scheduler = Scheduler(runner, queue, limits, writer=writer)
+            t0, cpu0 = time.perf_counter(), time.process_time()
+            await scheduler.run(tasks)
+            await writer.flush()
+            wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        db.close()
     sampled = sum(int(t.loss_mask.sum()) for g in queue._groups for t in g.trajectories)
-    store.close()
     return sampled, wall, cpu
 
 
@@ -146,6 +159,7 @@ async def main_async(args: argparse.Namespace) -> dict:
     raw, plat = [], []
     raw_cpu, plat_cpu = [], []
     steps: dict[str, list[int]] = {"raw": [], "platform": []}
+    bare, bare_cpu = [], []  # --without-store
     by_workers: dict[int, list[float]] = {n: [] for n in args.workers}
     workers_cpu: dict[int, list[float]] = {n: [] for n in args.workers}
     with tempfile.TemporaryDirectory() as tmp:
@@ -159,6 +173,9 @@ async def main_async(args: argparse.Namespace) -> dict:
                 await raw_round(client, prompts[:8], reply, args.turns, args.tokens)  # warm-up
                 await platform_round(client, tokenizer, 8, args.turns, args.tokens, 0,
                                      Path(tmp) / "w")  # fmt: skip
+                if args.without_store:
+                    await platform_round(client, tokenizer, 8, args.turns, args.tokens, 0,
+                                         Path(tmp) / "unused", store=False)  # fmt: skip
                 for n, pool in pools.items():
                     await platform_round(client, tokenizer, 8, args.turns, args.tokens, 0,
                                          Path(tmp) / f"w{n}", pool)  # fmt: skip
@@ -178,6 +195,17 @@ async def main_async(args: argparse.Namespace) -> dict:
                     steps["platform"].append(stepped[0] - s1)
                     assert n == n2 == args.episodes * args.turns * args.tokens, (n, n2)
                     line = f"  round {r + 1}: raw {raw[-1]:,.0f} tok/s, platform {plat[-1]:,.0f}"
+                    if args.without_store:
+                        s2 = stepped[0]
+                        n3, wall3, cpu3 = await platform_round(
+                            client, tokenizer, args.episodes, args.turns, args.tokens, 0,
+                            Path(tmp) / "unused", store=False,
+                        )  # fmt: skip
+                        assert n3 == n, (n, n3)
+                        bare.append(n3 / wall3)
+                        bare_cpu.append(cpu3)
+                        steps.setdefault("without store", []).append(stepped[0] - s2)
+                        line += f", without the store {bare[-1]:,.0f}"
                     for k, pool in pools.items():
                         s2 = stepped[0]
                         n3, wall3, cpu3 = await platform_round(
@@ -200,6 +228,12 @@ async def main_async(args: argparse.Namespace) -> dict:
                         "main_cpu_ms_per_round": statistics.median(workers_cpu[k]) * 1000,
                         "engine_steps_per_round": statistics.median(steps[f"{k} workers"])}
                for k, v in by_workers.items() if v}  # fmt: skip
+    without_store = {"tokens_per_s": statistics.median(bare),
+                     "ratio": statistics.median(bare) / raw_m,
+                     "paired_ratio": paired_ratio(bare, raw), "rounds": bare,
+                     "cpu_ms_per_round": statistics.median(bare_cpu) * 1000,
+                     "engine_steps_per_round": statistics.median(steps["without store"])
+                     } if bare else None  # fmt: skip
     return {"raw_tokens_per_s": raw_m, "platform_tokens_per_s": plat_m,
             "ratio": plat_m / raw_m, "paired_ratio": paired_ratio(plat, raw),
             "raw_rounds": raw, "platform_rounds": plat,
@@ -207,7 +241,7 @@ async def main_async(args: argparse.Namespace) -> dict:
             "platform_cpu_ms_per_round": statistics.median(plat_cpu) * 1000,
             "raw_engine_steps_per_round": statistics.median(steps["raw"]),
             "platform_engine_steps_per_round": statistics.median(steps["platform"]),
-            "workers": workers,
+            "workers": workers, "without_store": without_store,
             "tokens_per_round": args.episodes * args.turns * args.tokens}  # fmt: skip
 
 
@@ -248,6 +282,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--workers", default="2",
                         help="also run the platform through this many rollout worker "
                         "processes (comma-separated; '' for none)")  # fmt: skip
+    parser.add_argument("--without-store", action="store_true",
+                        help="also run the one loop without the episode store (no "
+                        "checkpoints, no writer): the store's share of the overhead")  # fmt: skip
     args = parser.parse_args(argv)
     args.workers = [int(w) for w in str(args.workers).split(",") if w.strip()]
     print(f"platform overhead: {args.episodes} episodes x {args.turns} turns x {args.tokens} "
@@ -260,6 +297,10 @@ def main(argv: list[str] | None = None) -> dict:
          _interval(result["paired_ratio"]), result["platform_cpu_ms_per_round"],
          result["platform_engine_steps_per_round"]],
     ]  # fmt: skip
+    if (w := result["without_store"]) is not None:
+        rows.append(["agentrl episode loop, no store (diagnostic)", w["tokens_per_s"],
+                     w["ratio"], _interval(w["paired_ratio"]), w["cpu_ms_per_round"],
+                     w["engine_steps_per_round"]])  # fmt: skip
     for k, w in result["workers"].items():
         rows.append([f"agentrl, {k} rollout worker processes + store", w["tokens_per_s"],
                      w["ratio"], _interval(w["paired_ratio"]), w["main_cpu_ms_per_round"],
