@@ -43,8 +43,8 @@ logger = logging.getLogger(__name__)
 ENGINE_EXIT_TIMEOUT_S = 20.0
 """How long :meth:`VLLMEngineClient.close` lets vLLM's engine core process exit on its
 own before vLLM kills it. vLLM's default is 5 s, and the engine core's own teardown
-(waiting up to 5 s for its worker, then unlinking the shared memory and the semaphore it
-made, then its interpreter's exit) takes about that long on an idle 2-core machine: on
+(waiting up to 5 s for its worker, then unlinking the shared memory of its message
+queue, then its interpreter's exit) takes about that long on an idle 2-core machine: on
 a busy one it was killed part way, and the multiprocessing resource tracker then printed
 "leaked shared_memory objects" after the command's results (6-7 s with two busy loops
 beside it). An engine core that hangs is still killed, after this long: within
