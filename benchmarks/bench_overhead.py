@@ -10,8 +10,9 @@ generated from the grown prefix.
 
 Platform: the full episode loop on the same engine: Scheduler, EpisodeRunner (chat
 template, tool-call parsing, env step in the loop, token provenance), a zero-cost
-env (``bench/Echo-v0``), and the episode store writer (a checkpoint per turn, every
-trajectory written).
+env (``bench/Echo-v0``), and the episode store writer (checkpoints as
+``rollout.checkpoint_interval_s`` takes them: at an episode's first turn boundary, then
+once a second; every trajectory written).
 
 Platform without the store (``--without-store``, a diagnostic): the same loop with no
 checkpoints and no store writer, to tell the store's share of the overhead from the
