@@ -1,7 +1,7 @@
 """Platform overhead against raw vLLM: the same token workload both ways.
 
     python benchmarks/bench_overhead.py [--episodes 64] [--turns 3] [--tokens 32] [--workers 2]
-                                        [--rounds 11] [--without-store]
+                                        [--rounds 11] [--without-store] [--calibrate US[,US]]
 
 Raw: ``AsyncLLM.generate`` directly (the engine's own object), E concurrent
 "episodes", each T turns of exactly L sampled tokens (``ignore_eos``); after each turn
@@ -17,6 +17,13 @@ once a second; every trajectory written).
 Platform without the store (``--without-store``, a diagnostic): the same loop with no
 checkpoints and no store writer, to tell the store's share of the overhead from the
 loop's. It is not the product's path and does not count toward the target.
+
+Calibration (``--calibrate US``, a diagnostic): raw vLLM's rounds again, each turn
+spending US microseconds of Python CPU before its request, once on the event loop (the
+request waits for it) and once in a thread beside the loop (as the platform's store
+writer and render thread work). On a machine where the engine's processes use every
+core, they tell what any client-side CPU a turn costs the engine, whoever spends it: the
+budget of CPU a turn a ratio target leaves the platform.
 
 Platform through rollout workers: the same, the episodes in ``--workers`` worker
 processes (:mod:`agentrl.rollout.workers`) against the same engine in this process.
@@ -67,8 +74,58 @@ def count_engine_steps(client) -> list[int]:
     return steps
 
 
+def burn(us: float) -> None:
+    """Spend ``us`` microseconds of this thread's CPU in Python (holding the GIL, as the
+    platform's own Python does)."""
+    end = time.thread_time() + us / 1e6
+    while time.thread_time() < end:
+        pass
+
+
+class Burner:
+    """A thread that spends ``us`` microseconds of CPU for each :meth:`add`: work handed
+    off the event loop, as the platform hands its store writes and renderings to threads."""
+
+    def __init__(self, us: float) -> None:
+        import threading
+
+        self.us = us
+        self._owed = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="burner", daemon=True)
+        self._thread.start()
+
+    def add(self) -> None:
+        with self._lock:
+            self._owed += 1
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with self._lock:
+                owed, self._owed = self._owed, 0
+            for _ in range(owed):
+                burn(self.us)
+            if not owed:
+                time.sleep(0.0005)
+
+    async def finish(self) -> None:
+        """Wait until every burn owed is done, then end the thread."""
+        while True:
+            with self._lock:
+                if not self._owed:
+                    break
+            await asyncio.sleep(0.001)
+        self._stop.set()
+        await asyncio.to_thread(self._thread.join)
+
+
 async def raw_round(client, prompts: list[list[int]], reply: list[int], turns: int,
-                    tokens: int) -> tuple[int, float, float]:  # fmt: skip
+                    tokens: int, burn_us: float = 0.0, in_thread: bool = False,
+                    ) -> tuple[int, float, float]:  # fmt: skip
+    """Raw ``AsyncLLM.generate``; with ``burn_us`` (a calibration), each turn also costs
+    that much CPU before its request: on the event loop, delaying the request, or (with
+    ``in_thread``) in a thread beside it, as the platform's own work does."""
     from vllm import SamplingParams
     from vllm.inputs.engine import tokens_input
     from vllm.sampling_params import RequestOutputKind
@@ -77,11 +134,16 @@ async def raw_round(client, prompts: list[list[int]], reply: list[int], turns: i
     params = SamplingParams(n=1, max_tokens=tokens, temperature=1.0, ignore_eos=True, logprobs=0,
                             detokenize=False, output_kind=RequestOutputKind.DELTA)  # fmt: skip
     sampled = 0
+    burner = Burner(burn_us) if burn_us and in_thread else None
 
     async def episode(i: int, prompt: list[int]) -> None:
         nonlocal sampled
         ids = list(prompt)
         for turn in range(turns):
+            if burner is not None:
+                burner.add()
+            elif burn_us:
+                burn(burn_us)
             new: list[int] = []
             async for out in engine.generate(
                 tokens_input(ids), params, f"raw-{i}-{turn}-{time.monotonic_ns()}"
@@ -96,6 +158,8 @@ async def raw_round(client, prompts: list[list[int]], reply: list[int], turns: i
     async with asyncio.TaskGroup() as tg:
         for i, prompt in enumerate(prompts):
             tg.create_task(episode(i, prompt))
+    if burner is not None:
+        await burner.finish()
     return sampled, time.perf_counter() - t0, time.process_time() - cpu0
 
 
@@ -163,6 +227,8 @@ async def main_async(args: argparse.Namespace) -> dict:
     bare, bare_cpu = [], []  # --without-store
     by_workers: dict[int, list[float]] = {n: [] for n in args.workers}
     workers_cpu: dict[int, list[float]] = {n: [] for n in args.workers}
+    # --calibrate: raw with US of CPU a turn, on the loop (False) and in a thread (True)
+    calib = {(us, thread): ([], []) for us in args.calibrate for thread in (False, True)}
     with tempfile.TemporaryDirectory() as tmp:
         async with await VLLMEngineClient.start(path, config) as client:
             stepped = count_engine_steps(client)
@@ -218,6 +284,12 @@ async def main_async(args: argparse.Namespace) -> dict:
                         workers_cpu[k].append(cpu3)
                         steps.setdefault(f"{k} workers", []).append(stepped[0] - s2)
                         line += f", {k} workers {by_workers[k][-1]:,.0f}"
+                    for (us, thread), (tps, cpus) in calib.items():
+                        n3, wall3, cpu3 = await raw_round(client, prompts, reply, args.turns,
+                                                          args.tokens, us, thread)  # fmt: skip
+                        tps.append(n3 / wall3)
+                        cpus.append(cpu3)
+                        line += f", raw+{us:g}us {'thread' if thread else 'loop'} {tps[-1]:,.0f}"
                     print(line + " tok/s", flush=True)
             finally:
                 for pool in pools.values():
@@ -243,6 +315,12 @@ async def main_async(args: argparse.Namespace) -> dict:
             "raw_engine_steps_per_round": statistics.median(steps["raw"]),
             "platform_engine_steps_per_round": statistics.median(steps["platform"]),
             "workers": workers, "without_store": without_store,
+            "calibration": [{"burn_us": us, "in_thread": thread,
+                             "tokens_per_s": statistics.median(tps),
+                             "ratio": statistics.median(tps) / raw_m,
+                             "paired_ratio": paired_ratio(tps, raw), "rounds": tps,
+                             "cpu_ms_per_round": statistics.median(cpus) * 1000}
+                            for (us, thread), (tps, cpus) in calib.items()],
             "tokens_per_round": args.episodes * args.turns * args.tokens}  # fmt: skip
 
 
@@ -283,11 +361,18 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--workers", default="2",
                         help="also run the platform through this many rollout worker "
                         "processes (comma-separated; '' for none)")  # fmt: skip
+    parser.add_argument("--calibrate", default="", metavar="US[,US]",
+                        help="also run raw vLLM with this many microseconds of CPU a turn, "
+                        "on the loop and in a thread: what client CPU costs the engine "
+                        "here")  # fmt: skip
     parser.add_argument("--without-store", action="store_true",
                         help="also run the one loop without the episode store (no "
                         "checkpoints, no writer): the store's share of the overhead")  # fmt: skip
     args = parser.parse_args(argv)
     args.workers = [int(w) for w in str(args.workers).split(",") if w.strip()]
+    args.calibrate = [float(u) for u in str(args.calibrate).split(",") if u.strip()]
+    if any(u <= 0 for u in args.calibrate):
+        parser.error(f"--calibrate takes microseconds above 0, got {args.calibrate}")
     print(f"platform overhead: {args.episodes} episodes x {args.turns} turns x {args.tokens} "
           f"tokens, {args.rounds} rounds each way", flush=True)  # fmt: skip
     result = asyncio.run(main_async(args))
@@ -306,6 +391,11 @@ def main(argv: list[str] | None = None) -> dict:
         rows.append([f"agentrl, {k} rollout worker processes + store", w["tokens_per_s"],
                      w["ratio"], _interval(w["paired_ratio"]), w["main_cpu_ms_per_round"],
                      w["engine_steps_per_round"]])  # fmt: skip
+    for c in result["calibration"]:
+        where = "in a thread" if c["in_thread"] else "on the event loop"
+        rows.append([f"raw AsyncLLM + {c['burn_us']:g} us of CPU a turn {where} (calibration)",
+                     c["tokens_per_s"], c["ratio"], _interval(c["paired_ratio"]),
+                     c["cpu_ms_per_round"], ""])  # fmt: skip
     md = "### Platform overhead against raw vLLM (same tokens, same concurrency)\n\n" + table(
         ["path", "tokens/s (median)", "ratio", "paired ratio (95% interval)",
          "this process's CPU ms a round (median)", "engine steps a round (median)"],
@@ -317,6 +407,13 @@ def main(argv: list[str] | None = None) -> dict:
         f"\n\nThe episode loop's CPU beyond raw vLLM's client: {extra * 1000:,.0f} us a turn "
         f"({turns} turns a round), in the process the engine's client runs in."
     )
+    if result["calibration"]:
+        md += (
+            "\n\nCalibration rows: raw vLLM's own rounds, each turn spending that much "
+            "Python CPU before its request (on the loop: the request waits for it) or in a "
+            "thread beside the loop (as the platform's store writer and render thread do). "
+            "They tell what any client-side CPU a turn costs the engine on this machine."
+        )
     best = max([result["ratio"], *(w["ratio"] for w in result["workers"].values())])
     md += (f"\n\nTarget: ratio >= 0.95. One loop: {'met' if result['ratio'] >= 0.95 else 'NOT met'}"
            f"; best: {best:.3f}. The paired ratio is the median of each round's platform "
