@@ -45,6 +45,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
+import itertools
+import math
 import statistics
 import sys
 import tempfile
@@ -82,6 +85,61 @@ def burn(us: float) -> None:
         pass
 
 
+class RequestTimes:
+    """When each request reached the engine and when its last output reached the client,
+    by episode: from them, how long after a turn ends the episode's next request goes
+    out, and how long after a round starts each episode's first request does.
+
+    Installed on the engine object (``AsyncLLM``) whose ``generate`` every path calls.
+    A request's episode is its id up to its last ``-`` (the platform's
+    ``<episode_id>-<serial>``; raw's ids are made to match). The wrapper adds one async
+    generator frame to every output of every path alike.
+    """
+
+    def __init__(self, engine) -> None:
+        self._generate = engine.generate
+        engine.generate = self._timed  # looked up on the object at each call
+        self._t0 = time.perf_counter()
+        self._times: dict[str, list[list[float]]] = {}
+
+    def begin(self) -> None:
+        """A round starts now: forget the last one's requests."""
+        self._t0 = time.perf_counter()
+        self._times = {}
+
+    def _timed(self, prompt, params, request_id: str, *args, **kwargs):
+        return self._stream(self._generate(prompt, params, request_id, *args, **kwargs),
+                            request_id.rpartition("-")[0])  # fmt: skip
+
+    async def _stream(self, stream, episode: str):
+        times = [time.perf_counter(), math.nan]  # its first step is the submission
+        self._times.setdefault(episode, []).append(times)
+        async for out in stream:
+            if out.finished:
+                times[1] = time.perf_counter()
+            yield out
+
+    def summary(self) -> dict[str, float]:
+        """The round's gaps, in ms: after a turn's last output, the episode's next
+        request (p50, p90 over every turn), and each episode's first request after the
+        round's start (median over episodes)."""
+        gaps, firsts = [], []
+        for requests in self._times.values():
+            requests.sort()
+            firsts.append(requests[0][0] - self._t0)
+            gaps += [b[0] - a[1] for a, b in itertools.pairwise(requests)]
+        return {"gap_p50_ms": _quantile(gaps, 0.5) * 1e3, "gap_p90_ms": _quantile(gaps, 0.9) * 1e3,
+                "first_request_ms": _quantile(firsts, 0.5) * 1e3}  # fmt: skip
+
+
+def _quantile(values: list[float], q: float) -> float:
+    """The ``q`` quantile (nearest rank) of ``values``; NaN if none."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
 class Burner:
     """A thread that spends ``us`` microseconds of CPU for each :meth:`add`: work handed
     off the event loop, as the platform hands its store writes and renderings to threads.
@@ -111,7 +169,7 @@ class Burner:
 
 async def raw_round(client, prompts: list[list[int]], reply: list[int], turns: int,
                     tokens: int, burn_us: float = 0.0, in_thread: bool = False,
-                    ) -> tuple[int, float, float]:  # fmt: skip
+                    timer: RequestTimes | None = None) -> tuple[int, float, float]:  # fmt: skip
     """Raw ``AsyncLLM.generate``; with ``burn_us`` (a calibration), each turn also costs
     that much CPU before its request: on the event loop, delaying the request, or (with
     ``in_thread``) in a thread beside it, as the platform's own work does."""
@@ -135,7 +193,7 @@ async def raw_round(client, prompts: list[list[int]], reply: list[int], turns: i
                 burn(burn_us)
             new: list[int] = []
             async for out in engine.generate(
-                tokens_input(ids), params, f"raw-{i}-{turn}-{time.monotonic_ns()}"
+                tokens_input(ids), params, f"raw-{i}-{turn}.{time.monotonic_ns()}"
             ):
                 new.extend(out.outputs[0].token_ids)
             sampled += len(new)
@@ -143,6 +201,8 @@ async def raw_round(client, prompts: list[list[int]], reply: list[int], turns: i
             if turn < turns - 1:
                 ids += reply
 
+    if timer is not None:
+        timer.begin()
     t0, cpu0 = time.perf_counter(), time.process_time()
     async with asyncio.TaskGroup() as tg:
         for i, prompt in enumerate(prompts):
@@ -154,10 +214,12 @@ async def raw_round(client, prompts: list[list[int]], reply: list[int], turns: i
 
 async def platform_round(client, tokenizer, episodes: int, turns: int, tokens: int, seed: int,
                          store_dir: Path, workers=None, store: bool = True,
+                         timer: RequestTimes | None = None,
                          ) -> tuple[int, float, float]:  # fmt: skip
     """The platform's episodes; through ``workers`` (a started ``WorkerRunner``) if given;
     without the episode store (no checkpoints, no writer) if not ``store``. Returns the
-    tokens sampled, the wall time and this process's CPU time (every thread)."""
+    tokens sampled, the wall time and this process's CPU time (every thread); ``timer``
+    (if given) begins where the wall time does."""
     from agentrl.queue import TrajectoryQueue
     from agentrl.rollout import EpisodeRunner, RolloutConfig, Scheduler, tasks_for
     from agentrl.store import EpisodeStore, StoreWriter
@@ -168,6 +230,8 @@ async def platform_round(client, tokenizer, episodes: int, turns: int, tokens: i
     limits = RolloutConfig(concurrency=episodes, group_size=1)
     if not store:
         runner = EpisodeRunner(client, tokenizer, rollout, checkpoint=None)
+        if timer is not None:
+            timer.begin()
         t0, cpu0 = time.perf_counter(), time.process_time()
         await Scheduler(runner, queue, limits).run(tasks)
         wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
@@ -180,6 +244,8 @@ async def platform_round(client, tokenizer, episodes: int, turns: int, tokens: i
             else:
                 runner = EpisodeRunner(client, tokenizer, rollout, checkpoint=writer.partial)
             scheduler = Scheduler(runner, queue, limits, writer=writer)
+            if timer is not None:
+                timer.begin()
             t0, cpu0 = time.perf_counter(), time.process_time()
             await scheduler.run(tasks)
             await writer.flush()
@@ -218,9 +284,12 @@ async def main_async(args: argparse.Namespace) -> dict:
     workers_cpu: dict[int, list[float]] = {n: [] for n in args.workers}
     # --calibrate: raw with US of CPU a turn, on the loop (False) and in a thread (True)
     calib = {(us, thread): ([], []) for us in args.calibrate for thread in (False, True)}
+    # each path's request gaps, a summary a round (RequestTimes)
+    gaps: dict[str, list[dict[str, float]]] = collections.defaultdict(list)
     with tempfile.TemporaryDirectory() as tmp:
         async with await VLLMEngineClient.start(path, config) as client:
             stepped = count_engine_steps(client)
+            timer = RequestTimes(client._engine)
             pools = {}
             for n in args.workers:  # started once (imports, tokenizer), used every round
                 pools[n] = await _workers(client, tokenizer, args, n)
@@ -238,13 +307,16 @@ async def main_async(args: argparse.Namespace) -> dict:
                 for r in range(args.rounds):
                     s0 = stepped[0]
                     n, wall, cpu = await raw_round(client, prompts, reply, args.turns,
-                                                   args.tokens)  # fmt: skip
+                                                   args.tokens, timer=timer)  # fmt: skip
+                    gaps["raw"].append(timer.summary())
                     raw.append(n / wall)
                     raw_cpu.append(cpu)
                     s1 = stepped[0]
                     n2, wall2, cpu2 = await platform_round(client, tokenizer, args.episodes,
                                                            args.turns, args.tokens, 0,
-                                                           Path(tmp) / f"r{r}")  # fmt: skip
+                                                           Path(tmp) / f"r{r}",
+                                                           timer=timer)  # fmt: skip
+                    gaps["platform"].append(timer.summary())
                     plat.append(n2 / wall2)
                     plat_cpu.append(cpu2)
                     steps["raw"].append(s1 - s0)
@@ -255,8 +327,9 @@ async def main_async(args: argparse.Namespace) -> dict:
                         s2 = stepped[0]
                         n3, wall3, cpu3 = await platform_round(
                             client, tokenizer, args.episodes, args.turns, args.tokens, 0,
-                            Path(tmp) / "unused", store=False,
+                            Path(tmp) / "unused", store=False, timer=timer,
                         )  # fmt: skip
+                        gaps["without store"].append(timer.summary())
                         assert n3 == n, (n, n3)
                         bare.append(n3 / wall3)
                         bare_cpu.append(cpu3)
@@ -266,8 +339,9 @@ async def main_async(args: argparse.Namespace) -> dict:
                         s2 = stepped[0]
                         n3, wall3, cpu3 = await platform_round(
                             client, tokenizer, args.episodes, args.turns, args.tokens, 0,
-                            Path(tmp) / f"r{r}w{k}", pool,
+                            Path(tmp) / f"r{r}w{k}", pool, timer=timer,
                         )  # fmt: skip
+                        gaps[f"{k} workers"].append(timer.summary())
                         assert n3 == n, (n, n3)
                         by_workers[k].append(n3 / wall3)
                         workers_cpu[k].append(cpu3)
@@ -275,7 +349,9 @@ async def main_async(args: argparse.Namespace) -> dict:
                         line += f", {k} workers {by_workers[k][-1]:,.0f}"
                     for (us, thread), (tps, cpus) in calib.items():
                         n3, wall3, cpu3 = await raw_round(client, prompts, reply, args.turns,
-                                                          args.tokens, us, thread)  # fmt: skip
+                                                          args.tokens, us, thread,
+                                                          timer=timer)  # fmt: skip
+                        gaps[f"raw+{us:g}us {thread}"].append(timer.summary())
                         tps.append(n3 / wall3)
                         cpus.append(cpu3)
                         line += f", raw+{us:g}us {'thread' if thread else 'loop'} {tps[-1]:,.0f}"
@@ -288,13 +364,15 @@ async def main_async(args: argparse.Namespace) -> dict:
                         "ratio": statistics.median(v) / raw_m,
                         "paired_ratio": paired_ratio(v, raw), "rounds": v,
                         "main_cpu_ms_per_round": statistics.median(workers_cpu[k]) * 1000,
-                        "engine_steps_per_round": statistics.median(steps[f"{k} workers"])}
+                        "engine_steps_per_round": statistics.median(steps[f"{k} workers"]),
+                        "request_gaps": _gaps(gaps[f"{k} workers"])}
                for k, v in by_workers.items() if v}  # fmt: skip
     without_store = {"tokens_per_s": statistics.median(bare),
                      "ratio": statistics.median(bare) / raw_m,
                      "paired_ratio": paired_ratio(bare, raw), "rounds": bare,
                      "cpu_ms_per_round": statistics.median(bare_cpu) * 1000,
-                     "engine_steps_per_round": statistics.median(steps["without store"])
+                     "engine_steps_per_round": statistics.median(steps["without store"]),
+                     "request_gaps": _gaps(gaps["without store"]),
                      } if bare else None  # fmt: skip
     return {"raw_tokens_per_s": raw_m, "platform_tokens_per_s": plat_m,
             "ratio": plat_m / raw_m, "paired_ratio": paired_ratio(plat, raw),
@@ -303,12 +381,15 @@ async def main_async(args: argparse.Namespace) -> dict:
             "platform_cpu_ms_per_round": statistics.median(plat_cpu) * 1000,
             "raw_engine_steps_per_round": statistics.median(steps["raw"]),
             "platform_engine_steps_per_round": statistics.median(steps["platform"]),
+            "raw_request_gaps": _gaps(gaps["raw"]),
+            "platform_request_gaps": _gaps(gaps["platform"]),
             "workers": workers, "without_store": without_store,
             "calibration": [{"burn_us": us, "in_thread": thread,
                              "tokens_per_s": statistics.median(tps),
                              "ratio": statistics.median(tps) / raw_m,
                              "paired_ratio": paired_ratio(tps, raw), "rounds": tps,
-                             "cpu_ms_per_round": statistics.median(cpus) * 1000}
+                             "cpu_ms_per_round": statistics.median(cpus) * 1000,
+                             "request_gaps": _gaps(gaps[f"raw+{us:g}us {thread}"])}
                             for (us, thread), (tps, cpus) in calib.items()],
             "tokens_per_round": args.episodes * args.turns * args.tokens}  # fmt: skip
 
@@ -323,6 +404,15 @@ async def _workers(client, tokenizer, args: argparse.Namespace, n: int):
     pool = WorkerRunner(client, tokenizer, rollout, imports=["benchmarks.common"])
     await pool.start()
     return pool
+
+
+def _gaps(rounds: list[dict[str, float]]) -> dict[str, float]:
+    """Each request-gap figure's median over the rounds."""
+    return {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
+
+
+def _gap_cells(g: dict[str, float]) -> list[str]:
+    return [f"{g['gap_p50_ms']:.2f} / {g['gap_p90_ms']:.2f}", f"{g['first_request_ms']:.1f}"]
 
 
 def _interval(r: dict[str, float]) -> str:
@@ -367,27 +457,29 @@ def main(argv: list[str] | None = None) -> dict:
     result = asyncio.run(main_async(args))
     rows = [
         ["raw AsyncLLM", result["raw_tokens_per_s"], 1.0, "", result["raw_cpu_ms_per_round"],
-         result["raw_engine_steps_per_round"]],
+         result["raw_engine_steps_per_round"], *_gap_cells(result["raw_request_gaps"])],
         ["agentrl episode loop + store", result["platform_tokens_per_s"], result["ratio"],
          _interval(result["paired_ratio"]), result["platform_cpu_ms_per_round"],
-         result["platform_engine_steps_per_round"]],
+         result["platform_engine_steps_per_round"],
+         *_gap_cells(result["platform_request_gaps"])],
     ]  # fmt: skip
     if (w := result["without_store"]) is not None:
         rows.append(["agentrl episode loop, no store (diagnostic)", w["tokens_per_s"],
                      w["ratio"], _interval(w["paired_ratio"]), w["cpu_ms_per_round"],
-                     w["engine_steps_per_round"]])  # fmt: skip
+                     w["engine_steps_per_round"], *_gap_cells(w["request_gaps"])])  # fmt: skip
     for k, w in result["workers"].items():
         rows.append([f"agentrl, {k} rollout worker processes + store", w["tokens_per_s"],
                      w["ratio"], _interval(w["paired_ratio"]), w["main_cpu_ms_per_round"],
-                     w["engine_steps_per_round"]])  # fmt: skip
+                     w["engine_steps_per_round"], *_gap_cells(w["request_gaps"])])  # fmt: skip
     for c in result["calibration"]:
         where = "in a thread" if c["in_thread"] else "on the event loop"
         rows.append([f"raw AsyncLLM + {c['burn_us']:g} us of CPU a turn {where} (calibration)",
                      c["tokens_per_s"], c["ratio"], _interval(c["paired_ratio"]),
-                     c["cpu_ms_per_round"], ""])  # fmt: skip
+                     c["cpu_ms_per_round"], "", *_gap_cells(c["request_gaps"])])  # fmt: skip
     md = "### Platform overhead against raw vLLM (same tokens, same concurrency)\n\n" + table(
         ["path", "tokens/s (median)", "ratio", "paired ratio (95% interval)",
-         "this process's CPU ms a round (median)", "engine steps a round (median)"],
+         "this process's CPU ms a round (median)", "engine steps a round (median)",
+         "next request after a turn, ms (p50 / p90)", "first request of an episode, ms"],
         rows,
     )  # fmt: skip
     turns = args.episodes * args.turns
@@ -395,6 +487,13 @@ def main(argv: list[str] | None = None) -> dict:
     md += (
         f"\n\nThe episode loop's CPU beyond raw vLLM's client: {extra * 1000:,.0f} us a turn "
         f"({turns} turns a round), in the process the engine's client runs in."
+    )
+    md += (
+        "\n\nRequest gaps: how long after a turn's last output reached the client the "
+        "episode's next request reached the engine (p50 and p90 over a round's turns), and "
+        "how long after the round began each episode's first request did (median over its "
+        "episodes); each the median over the rounds. Time between a turn and the next request "
+        "is time the engine could have been stepping that sequence."
     )
     if result["calibration"]:
         md += (

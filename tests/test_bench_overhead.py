@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from benchmarks.bench_overhead import Burner, burn
+from benchmarks.bench_overhead import Burner, RequestTimes, burn
 
 
 def test_burn_spends_the_cpu_asked_for_in_the_calling_thread() -> None:
@@ -27,3 +27,45 @@ def test_burner_spends_every_turns_cpu_in_its_thread_not_the_loops() -> None:
     loop_cpu, all_cpu = asyncio.run(run())
     assert all_cpu >= 0.040  # every turn's 2 ms was spent ...
     assert loop_cpu < 0.020  # ... and not on the loop's thread
+
+
+class _Output:
+    def __init__(self, finished: bool) -> None:
+        self.finished = finished
+
+
+class _Engine:
+    """An engine whose requests each take ``step`` seconds and two outputs."""
+
+    def __init__(self, step: float) -> None:
+        self.step = step
+
+    async def generate(self, prompt, params, request_id):
+        await asyncio.sleep(self.step / 2)
+        yield _Output(False)
+        await asyncio.sleep(self.step / 2)
+        yield _Output(True)
+
+
+def test_request_times_measure_the_wait_before_each_next_request_and_the_first() -> None:
+    engine = _Engine(0.01)
+    timer = RequestTimes(engine)
+
+    async def episode(i: int, start: float, think: float) -> None:
+        await asyncio.sleep(start)
+        for turn in range(3):
+            async for _out in engine.generate([1], None, f"ep-{i}-{turn}"):
+                pass
+            await asyncio.sleep(think)  # the client's work between turns
+
+    async def run() -> dict[str, float]:
+        timer.begin()
+        await asyncio.gather(*(episode(i, 0.03, 0.02) for i in range(4)))
+        return timer.summary()
+
+    s = asyncio.run(run())
+    assert 18 <= s["gap_p50_ms"] < 30, s  # the 20 ms between turns, not the 10 ms requests
+    assert 18 <= s["gap_p90_ms"] < 40, s
+    assert 28 <= s["first_request_ms"] < 45, s  # each episode's 30 ms start
+    # the episode is the id up to its last "-": "ep-0-1" and "ep-0-2" are one episode's
+    assert sorted(timer._times) == ["ep-0", "ep-1", "ep-2", "ep-3"]
