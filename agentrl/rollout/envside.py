@@ -48,7 +48,7 @@ class EnvCalls:
     _replay_checks: dict[str, int]
     _replay_warned: set[str]
 
-    async def _render(self, ep: EpisodeState, fn: Callable[..., Any], *args: Any) -> Any:
+    async def _render(self, fn: Callable[..., Any], *args: Any) -> Any:
         raise NotImplementedError
 
     async def _check_replayable(self, ep: EpisodeState, trajectories: list[Trajectory]) -> None:
@@ -122,7 +122,7 @@ class EnvCalls:
             messages = [{"role": "system", "content": ep.handle.system_prompt}, *messages]
         tools = ep.toolset.schemas or None
         ep.conversation = await self._render(
-            ep, functools.partial(Conversation, self.tokenizer, messages, tools=tools,
+            functools.partial(Conversation, self.tokenizer, messages, tools=tools,
                               template_kwargs=self.chat.template_kwargs)
         )  # fmt: skip
 

@@ -108,6 +108,3 @@ class EpisodeState:
     drop_reason: str | None = None
     checkpointed_at: float | None = None
     """``time.monotonic()`` at its last per-turn checkpoint (None: none yet)."""
-    render_cpu_s: float | None = None
-    """The CPU its last chat-template rendering took (None: none yet): what the next is
-    expected to cost, to choose where it runs (:meth:`EpisodeRunner._render`)."""

@@ -69,7 +69,7 @@ from agentrl.rollout.episode import (
     EpisodeState,
     sampling,
 )
-from agentrl.rollout.turnstile import PassBudget, Turnstile
+from agentrl.rollout.turnstile import Turnstile
 from agentrl.tools import ParsedTurn
 from agentrl.trace import ROLLOUT, EpisodeTrace, Tracer
 from agentrl.types import (
@@ -84,22 +84,6 @@ from agentrl.types import (
 logger = logging.getLogger(__name__)
 
 _request_ids = itertools.count()
-
-INLINE_RENDER_S = 0.0005
-"""A rendering expected to take at most this much CPU may run on the loop (a short turn
-of the small models this runs on CPU renders in 40-60 us; a long conversation's
-re-rendering takes milliseconds, and goes to the render thread)."""
-
-INLINE_RENDERS_PER_PASS_S = 0.004
-"""The CPU renderings may take on the loop in one pass of it; those past it go to the
-render thread (the loop-lag target is a p99 under 50 ms at 4096 episodes)."""
-
-
-def _cpu_timed(fn: Callable[..., Any], *args: Any) -> tuple[Any, float]:
-    """``fn(*args)`` and the CPU it took in the calling thread."""
-    t0 = time.thread_time()
-    result = fn(*args)
-    return result, time.thread_time() - t0
 
 
 def oldest_sampled_version(conversation: Conversation | None) -> int | None:
@@ -163,45 +147,16 @@ class EpisodeRunner(EnvCalls):
         self._replay_warned: set[str] = set()
         self._parked: dict[str, EpisodeState] = {}
         self._parked_changed = asyncio.Condition()
-        # Chat-template rendering and tokenization: on the loop when short (see _render),
-        # else in one worker thread: on the loop, a vLLM batch finishing hundreds of long
-        # turns at once would stall it for a second. One thread: the tokenizer is not
-        # safe to share.
+        # Chat-template rendering and tokenization (a few ms each) run in one worker
+        # thread: on the loop, a vLLM batch finishing hundreds of turns at once would
+        # stall it for a second. One thread: the tokenizer is not safe to share.
         self.render_lane = ThreadLane("render")
-        self._inline_renders = PassBudget(INLINE_RENDERS_PER_PASS_S)
-        self._first_render_cpu_s: float | None = None
         # An engine step that ends hundreds of turns wakes hundreds of episodes at once;
         # they go on a slice per loop pass, so timers and weight updates are not held up.
         self._turnstile = Turnstile()
 
-    async def _render(self, ep: EpisodeState, fn: Callable[..., Any], *args: Any) -> Any:
-        """``fn(*args)``, one of ``ep``'s renderings: on the loop when it is expected to be
-        short (its last rendering's CPU, or the last episode's first one; the runner's
-        first rendering is taken to be), the loop pass has budget left, and the render
-        thread is idle; else in the render thread.
-
-        On the loop, the next request goes out at once. Through the thread it waited for
-        the GIL twice (the thread's turn, then the loop's): 4-7 ms at the median for a
-        40 us rendering, in ``benchmarks/bench_overhead.py``'s request gaps. Only with
-        the thread idle: the tokenizer is then used by one thread at a time.
-        """
-        first = ep.conversation is None
-        expected = self._first_render_cpu_s if first else ep.render_cpu_s
-        # the runner's very first rendering is not known: it runs on the loop and tells
-        expected = 0.0 if expected is None else expected
-        short = expected <= INLINE_RENDER_S
-        if short and not self.render_lane.busy and self._inline_renders.allows(expected):
-            t0 = time.thread_time()
-            result = fn(*args)
-            cpu = time.thread_time() - t0
-            self._inline_renders.spend(cpu)
-            self.metrics.count("renders_inline")
-        else:
-            result, cpu = await self.render_lane.call(_cpu_timed, fn, *args)
-        ep.render_cpu_s = cpu
-        if first:
-            self._first_render_cpu_s = cpu
-        return result
+    async def _render(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await self.render_lane.call(fn, *args)
 
     async def run(self, task: Task, episode_id: str, attempt: int = 0) -> list[Trajectory]:
         """Run one episode; return its trajectory (several if the template re-segmented).
@@ -353,7 +308,7 @@ class EpisodeRunner(EnvCalls):
         ep.rewards.append(0.0)
         messages = self.chat.tool_results(ep.conversation, parsed, results)
         add = functools.partial(ep.conversation.add_messages, keep_sampled=self.chat.keep_thinking)
-        if not await self._render(ep, add, messages, "tool", max_len):
+        if not await self._render(add, messages, "tool", max_len):
             return "truncated", context_full(max_len)
         return None
 
@@ -372,7 +327,7 @@ class EpisodeRunner(EnvCalls):
             default = "env terminated" if terminated else "env truncated"
             return ("finished" if terminated else "truncated"), str(info.get("reason", default))
         add = functools.partial(ep.conversation.add_messages, keep_sampled=self.chat.keep_thinking)
-        if not await self._render(ep, add, as_messages(obs), "env", max_len):
+        if not await self._render(add, as_messages(obs), "env", max_len):
             return "truncated", context_full(max_len)
         return None
 

@@ -57,35 +57,3 @@ class Turnstile:
             asyncio.get_running_loop().call_soon(self._refill)
         else:
             self._refill_due = False
-
-
-class PassBudget:
-    """Up to ``seconds`` of inline work per pass of the running loop.
-
-    Work done on the loop itself (a short chat-template rendering, say) delays every
-    other callback of the pass it runs in; a budget bounds that delay. Callers ask
-    :meth:`allows` with what the work is expected to cost, do it on the loop if so (else
-    hand it to a thread), and :meth:`spend` what it took. The budget refills when the
-    loop starts its next pass.
-    """
-
-    def __init__(self, seconds: float) -> None:
-        if not seconds > 0:
-            raise ValueError(f"a pass budget must be positive, got {seconds!r}")
-        self.seconds = seconds
-        self._spent = 0.0
-        self._refill_due = False
-
-    def allows(self, cost: float) -> bool:
-        """Whether work expected to cost ``cost`` seconds fits what is left of this pass."""
-        if not self._refill_due:
-            self._refill_due = True
-            asyncio.get_running_loop().call_soon(self._refill)
-        return self._spent + cost <= self.seconds
-
-    def spend(self, cost: float) -> None:
-        self._spent += cost
-
-    def _refill(self) -> None:
-        self._spent = 0.0
-        self._refill_due = False
