@@ -2,6 +2,7 @@
 
     python benchmarks/bench_overhead.py [--episodes 64] [--turns 3] [--tokens 32] [--workers 2]
                                         [--rounds 11] [--without-store] [--calibrate US[,US]]
+                                        [--spread-start MS[,MS]]
 
 Raw: ``AsyncLLM.generate`` directly (the engine's own object), E concurrent
 "episodes", each T turns of exactly L sampled tokens (``ignore_eos``); after each turn
@@ -24,6 +25,12 @@ request waits for it) and once in a thread beside the loop (as the platform's st
 writer and render thread work). On a machine where the engine's processes use every
 core, they tell what any client-side CPU a turn costs the engine, whoever spends it: the
 budget of CPU a turn a ratio target leaves the platform.
+
+Spread start (``--spread-start MS``, a diagnostic): raw vLLM's rounds again, the
+episodes' first requests going out evenly over MS milliseconds from the round's start,
+as the platform's go out when each episode has started (admission, env build, reset,
+first rendering): what a slow start by itself costs the engine. Every path's table row
+also gives its request gaps (:class:`RequestTimes`).
 
 Platform through rollout workers: the same, the episodes in ``--workers`` worker
 processes (:mod:`agentrl.rollout.workers`) against the same engine in this process.
@@ -169,10 +176,13 @@ class Burner:
 
 async def raw_round(client, prompts: list[list[int]], reply: list[int], turns: int,
                     tokens: int, burn_us: float = 0.0, in_thread: bool = False,
-                    timer: RequestTimes | None = None) -> tuple[int, float, float]:  # fmt: skip
+                    timer: RequestTimes | None = None, spread_s: float = 0.0,
+                    ) -> tuple[int, float, float]:  # fmt: skip
     """Raw ``AsyncLLM.generate``; with ``burn_us`` (a calibration), each turn also costs
     that much CPU before its request: on the event loop, delaying the request, or (with
-    ``in_thread``) in a thread beside it, as the platform's own work does."""
+    ``in_thread``) in a thread beside it, as the platform's own work does. With
+    ``spread_s`` (a calibration), the episodes' first requests go out evenly over that
+    many seconds from the round's start, episode i's ``i / len(prompts)`` of the way."""
     from vllm import SamplingParams
     from vllm.inputs.engine import tokens_input
     from vllm.sampling_params import RequestOutputKind
@@ -185,6 +195,8 @@ async def raw_round(client, prompts: list[list[int]], reply: list[int], turns: i
 
     async def episode(i: int, prompt: list[int]) -> None:
         nonlocal sampled
+        if spread_s:
+            await asyncio.sleep(spread_s * i / len(prompts))
         ids = list(prompt)
         for turn in range(turns):
             if burner is not None:
@@ -284,6 +296,8 @@ async def main_async(args: argparse.Namespace) -> dict:
     workers_cpu: dict[int, list[float]] = {n: [] for n in args.workers}
     # --calibrate: raw with US of CPU a turn, on the loop (False) and in a thread (True)
     calib = {(us, thread): ([], []) for us in args.calibrate for thread in (False, True)}
+    # --spread-start: raw with its first requests spread over MS milliseconds
+    spread = {ms: ([], []) for ms in args.spread_start}
     # each path's request gaps, a summary a round (RequestTimes)
     gaps: dict[str, list[dict[str, float]]] = collections.defaultdict(list)
     with tempfile.TemporaryDirectory() as tmp:
@@ -347,6 +361,14 @@ async def main_async(args: argparse.Namespace) -> dict:
                         workers_cpu[k].append(cpu3)
                         steps.setdefault(f"{k} workers", []).append(stepped[0] - s2)
                         line += f", {k} workers {by_workers[k][-1]:,.0f}"
+                    for ms, (tps, cpus) in spread.items():
+                        n3, wall3, cpu3 = await raw_round(client, prompts, reply, args.turns,
+                                                          args.tokens, timer=timer,
+                                                          spread_s=ms / 1000)  # fmt: skip
+                        gaps[f"spread {ms:g}"].append(timer.summary())
+                        tps.append(n3 / wall3)
+                        cpus.append(cpu3)
+                        line += f", raw spread {ms:g} ms {tps[-1]:,.0f}"
                     for (us, thread), (tps, cpus) in calib.items():
                         n3, wall3, cpu3 = await raw_round(client, prompts, reply, args.turns,
                                                           args.tokens, us, thread,
@@ -391,6 +413,12 @@ async def main_async(args: argparse.Namespace) -> dict:
                              "cpu_ms_per_round": statistics.median(cpus) * 1000,
                              "request_gaps": _gaps(gaps[f"raw+{us:g}us {thread}"])}
                             for (us, thread), (tps, cpus) in calib.items()],
+            "spread_start": [{"spread_ms": ms, "tokens_per_s": statistics.median(tps),
+                              "ratio": statistics.median(tps) / raw_m,
+                              "paired_ratio": paired_ratio(tps, raw), "rounds": tps,
+                              "cpu_ms_per_round": statistics.median(cpus) * 1000,
+                              "request_gaps": _gaps(gaps[f"spread {ms:g}"])}
+                             for ms, (tps, cpus) in spread.items()],
             "tokens_per_round": args.episodes * args.turns * args.tokens}  # fmt: skip
 
 
@@ -444,6 +472,10 @@ def main(argv: list[str] | None = None) -> dict:
                         help="also run raw vLLM with this many microseconds of CPU a turn, "
                         "on the loop and in a thread: what client CPU costs the engine "
                         "here")  # fmt: skip
+    parser.add_argument("--spread-start", default="", metavar="MS[,MS]",
+                        help="also run raw vLLM with its episodes' first requests spread "
+                        "evenly over this many milliseconds: what a slow episode start "
+                        "costs the engine here")  # fmt: skip
     parser.add_argument("--without-store", action="store_true",
                         help="also run the one loop without the episode store (no "
                         "checkpoints, no writer): the store's share of the overhead")  # fmt: skip
@@ -452,6 +484,9 @@ def main(argv: list[str] | None = None) -> dict:
     args.calibrate = [float(u) for u in str(args.calibrate).split(",") if u.strip()]
     if any(u <= 0 for u in args.calibrate):
         parser.error(f"--calibrate takes microseconds above 0, got {args.calibrate}")
+    args.spread_start = [float(m) for m in str(args.spread_start).split(",") if m.strip()]
+    if any(m <= 0 for m in args.spread_start):
+        parser.error(f"--spread-start takes milliseconds above 0, got {args.spread_start}")
     print(f"platform overhead: {args.episodes} episodes x {args.turns} turns x {args.tokens} "
           f"tokens, {args.rounds} rounds each way", flush=True)  # fmt: skip
     result = asyncio.run(main_async(args))
@@ -476,6 +511,11 @@ def main(argv: list[str] | None = None) -> dict:
         rows.append([f"raw AsyncLLM + {c['burn_us']:g} us of CPU a turn {where} (calibration)",
                      c["tokens_per_s"], c["ratio"], _interval(c["paired_ratio"]),
                      c["cpu_ms_per_round"], "", *_gap_cells(c["request_gaps"])])  # fmt: skip
+    for c in result["spread_start"]:
+        rows.append([f"raw AsyncLLM, first requests spread over {c['spread_ms']:g} ms "
+                     "(calibration)", c["tokens_per_s"], c["ratio"],
+                     _interval(c["paired_ratio"]), c["cpu_ms_per_round"], "",
+                     *_gap_cells(c["request_gaps"])])  # fmt: skip
     md = "### Platform overhead against raw vLLM (same tokens, same concurrency)\n\n" + table(
         ["path", "tokens/s (median)", "ratio", "paired ratio (95% interval)",
          "this process's CPU ms a round (median)", "engine steps a round (median)",
@@ -495,6 +535,13 @@ def main(argv: list[str] | None = None) -> dict:
         "episodes); each the median over the rounds. Time between a turn and the next request "
         "is time the engine could have been stepping that sequence."
     )
+    if result["spread_start"]:
+        md += (
+            "\n\nSpread rows: raw vLLM's own rounds, the episodes' first requests going out "
+            "evenly over that many milliseconds from the round's start (the platform's go "
+            "out as their episodes start: admission, env build, reset, first rendering). "
+            "They tell what a slow start by itself costs the engine on this machine."
+        )
     if result["calibration"]:
         md += (
             "\n\nCalibration rows: raw vLLM's own rounds, each turn spending that much "

@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import time
 
-from benchmarks.bench_overhead import Burner, RequestTimes, burn
+import pytest
+
+from benchmarks.bench_overhead import Burner, RequestTimes, burn, raw_round
 
 
 def test_burn_spends_the_cpu_asked_for_in_the_calling_thread() -> None:
@@ -69,3 +71,46 @@ def test_request_times_measure_the_wait_before_each_next_request_and_the_first()
     assert 28 <= s["first_request_ms"] < 45, s  # each episode's 30 ms start
     # the episode is the id up to its last "-": "ep-0-1" and "ep-0-2" are one episode's
     assert sorted(timer._times) == ["ep-0", "ep-1", "ep-2", "ep-3"]
+
+
+class _Completion:
+    def __init__(self, token_ids: list[int]) -> None:
+        self.token_ids = token_ids
+
+
+class _TokenOutput(_Output):
+    def __init__(self, finished: bool, token_ids: list[int]) -> None:
+        super().__init__(finished)
+        self.outputs = [_Completion(token_ids)]
+
+
+class _TokenEngine:
+    """Answers each request with ``params.max_tokens`` tokens after ``step`` seconds."""
+
+    def __init__(self, step: float) -> None:
+        self.step = step
+
+    async def generate(self, prompt, params, request_id):
+        await asyncio.sleep(self.step)
+        yield _TokenOutput(True, [7] * params.max_tokens)
+
+
+def test_raw_rounds_spread_their_first_requests_when_asked() -> None:
+    pytest.importorskip("vllm")
+
+    class Client:
+        _engine = _TokenEngine(0.002)
+
+    timer = RequestTimes(Client._engine)
+    prompts = [[1, 2, 3]] * 16
+
+    def first_request_ms(spread_s: float) -> float:
+        sampled, _wall, _cpu = asyncio.run(
+            raw_round(Client, prompts, [4], 2, 5, timer=timer, spread_s=spread_s)
+        )
+        assert sampled == 16 * 2 * 5
+        return timer.summary()["first_request_ms"]
+
+    assert first_request_ms(0.0) < 10
+    # 16 episodes over 80 ms: episode i at i * 5 ms, the median at about 40 ms
+    assert 35 <= first_request_ms(0.08) < 60
