@@ -382,19 +382,21 @@ async def main_async(args: argparse.Namespace) -> dict:
                 for pool in pools.values():
                     await pool.close()
     raw_m, plat_m = statistics.median(raw), statistics.median(plat)
-    workers = {str(k): {"tokens_per_s": statistics.median(v),
-                        "ratio": statistics.median(v) / raw_m,
-                        "paired_ratio": paired_ratio(v, raw), "rounds": v,
-                        "main_cpu_ms_per_round": statistics.median(workers_cpu[k]) * 1000,
-                        "engine_steps_per_round": statistics.median(steps[f"{k} workers"]),
-                        "request_gaps": _gaps(gaps[f"{k} workers"])}
+
+    def path(tps: list[float], cpus: list[float], gaps_of: str,
+             cpu_key: str = "cpu_ms_per_round") -> dict:  # fmt: skip
+        """One path's figures against raw's rounds."""
+        return {"tokens_per_s": statistics.median(tps),
+                "ratio": statistics.median(tps) / raw_m,
+                "paired_ratio": paired_ratio(tps, raw), "rounds": tps,
+                cpu_key: statistics.median(cpus) * 1000,
+                "request_gaps": _gaps(gaps[gaps_of])}  # fmt: skip
+
+    workers = {str(k): {**path(v, workers_cpu[k], f"{k} workers", "main_cpu_ms_per_round"),
+                        "engine_steps_per_round": statistics.median(steps[f"{k} workers"])}
                for k, v in by_workers.items() if v}  # fmt: skip
-    without_store = {"tokens_per_s": statistics.median(bare),
-                     "ratio": statistics.median(bare) / raw_m,
-                     "paired_ratio": paired_ratio(bare, raw), "rounds": bare,
-                     "cpu_ms_per_round": statistics.median(bare_cpu) * 1000,
+    without_store = {**path(bare, bare_cpu, "without store"),
                      "engine_steps_per_round": statistics.median(steps["without store"]),
-                     "request_gaps": _gaps(gaps["without store"]),
                      } if bare else None  # fmt: skip
     return {"raw_tokens_per_s": raw_m, "platform_tokens_per_s": plat_m,
             "ratio": plat_m / raw_m, "paired_ratio": paired_ratio(plat, raw),
@@ -407,17 +409,9 @@ async def main_async(args: argparse.Namespace) -> dict:
             "platform_request_gaps": _gaps(gaps["platform"]),
             "workers": workers, "without_store": without_store,
             "calibration": [{"burn_us": us, "in_thread": thread,
-                             "tokens_per_s": statistics.median(tps),
-                             "ratio": statistics.median(tps) / raw_m,
-                             "paired_ratio": paired_ratio(tps, raw), "rounds": tps,
-                             "cpu_ms_per_round": statistics.median(cpus) * 1000,
-                             "request_gaps": _gaps(gaps[f"raw+{us:g}us {thread}"])}
+                             **path(tps, cpus, f"raw+{us:g}us {thread}")}
                             for (us, thread), (tps, cpus) in calib.items()],
-            "spread_start": [{"spread_ms": ms, "tokens_per_s": statistics.median(tps),
-                              "ratio": statistics.median(tps) / raw_m,
-                              "paired_ratio": paired_ratio(tps, raw), "rounds": tps,
-                              "cpu_ms_per_round": statistics.median(cpus) * 1000,
-                              "request_gaps": _gaps(gaps[f"spread {ms:g}"])}
+            "spread_start": [{"spread_ms": ms, **path(tps, cpus, f"spread {ms:g}")}
                              for ms, (tps, cpus) in spread.items()],
             "tokens_per_round": args.episodes * args.turns * args.tokens}  # fmt: skip
 
