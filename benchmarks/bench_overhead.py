@@ -1,13 +1,18 @@
 """Platform overhead against raw vLLM: the same token workload both ways.
 
     python benchmarks/bench_overhead.py [--episodes 64] [--turns 3] [--tokens 32] [--workers 2]
-                                        [--rounds 11] [--without-store] [--calibrate US[,US]]
-                                        [--spread-start MS[,MS]]
+                                        [--concurrency C] [--rounds 11] [--without-store]
+                                        [--calibrate US[,US]]
+                                        [--spread-start MS[,MS]] [--idle-gap MS[,MS]]
 
 Raw: ``AsyncLLM.generate`` directly (the engine's own object), E concurrent
 "episodes", each T turns of exactly L sampled tokens (``ignore_eos``); after each turn
 the same reply tokens the platform would append are appended, and the next turn is
-generated from the grown prefix.
+generated from the grown prefix. By default every episode starts at once (a round is one
+wave); with ``--concurrency C`` at most C run at a time, the next starting as one ends,
+which is how a run keeps its slots full (then the episodes' turns no longer end in the
+same engine step, and a wait between turns costs what it costs a run; an episode's first
+request then also counts its wait for a slot).
 
 Platform: the full episode loop on the same engine: Scheduler, EpisodeRunner (chat
 template, tool-call parsing, env step in the loop, token provenance), a zero-cost
@@ -31,6 +36,12 @@ episodes' first requests going out evenly over MS milliseconds from the round's 
 as the platform's go out when each episode has started (admission, env build, reset,
 first rendering): what a slow start by itself costs the engine. Every path's table row
 also gives its request gaps (:class:`RequestTimes`).
+
+Idle gap (``--idle-gap MS``, a diagnostic): raw vLLM's rounds again, each episode
+waiting MS milliseconds (an idle ``asyncio.sleep``, no CPU) between a turn's end and its
+next request: what the platform's gap between turns (its p50 is in the table) would cost
+by itself, without any of its CPU. Where raw with the platform's gap loses about what
+the platform loses, the overhead is that wait, not the CPU spent in it.
 
 Platform through rollout workers: the same, the episodes in ``--workers`` worker
 processes (:mod:`agentrl.rollout.workers`) against the same engine in this process.
@@ -177,12 +188,16 @@ class Burner:
 async def raw_round(client, prompts: list[list[int]], reply: list[int], turns: int,
                     tokens: int, burn_us: float = 0.0, in_thread: bool = False,
                     timer: RequestTimes | None = None, spread_s: float = 0.0,
+                    gap_s: float = 0.0, slots: int | None = None,
                     ) -> tuple[int, float, float]:  # fmt: skip
     """Raw ``AsyncLLM.generate``; with ``burn_us`` (a calibration), each turn also costs
     that much CPU before its request: on the event loop, delaying the request, or (with
     ``in_thread``) in a thread beside it, as the platform's own work does. With
     ``spread_s`` (a calibration), the episodes' first requests go out evenly over that
-    many seconds from the round's start, episode i's ``i / len(prompts)`` of the way."""
+    many seconds from the round's start, episode i's ``i / len(prompts)`` of the way. With
+    ``gap_s`` (a calibration), each episode waits that long, idle, before each turn after
+    its first. With ``slots``, at most that many episodes run at once, the next starting
+    as one ends (a run's steady state); else all start at once."""
     from vllm import SamplingParams
     from vllm.inputs.engine import tokens_input
     from vllm.sampling_params import RequestOutputKind
@@ -192,13 +207,20 @@ async def raw_round(client, prompts: list[list[int]], reply: list[int], turns: i
                             detokenize=False, output_kind=RequestOutputKind.DELTA)  # fmt: skip
     sampled = 0
     burner = Burner(burn_us) if burn_us and in_thread else None
+    room = asyncio.Semaphore(slots or len(prompts))  # FIFO: episodes start in order
 
     async def episode(i: int, prompt: list[int]) -> None:
-        nonlocal sampled
         if spread_s:
             await asyncio.sleep(spread_s * i / len(prompts))
+        async with room:
+            await turns_of(i, prompt)
+
+    async def turns_of(i: int, prompt: list[int]) -> None:
+        nonlocal sampled
         ids = list(prompt)
         for turn in range(turns):
+            if turn and gap_s:
+                await asyncio.sleep(gap_s)
             if burner is not None:
                 burner.add()
             elif burn_us:
@@ -226,10 +248,11 @@ async def raw_round(client, prompts: list[list[int]], reply: list[int], turns: i
 
 async def platform_round(client, tokenizer, episodes: int, turns: int, tokens: int, seed: int,
                          store_dir: Path, workers=None, store: bool = True,
-                         timer: RequestTimes | None = None,
+                         timer: RequestTimes | None = None, slots: int | None = None,
                          ) -> tuple[int, float, float]:  # fmt: skip
     """The platform's episodes; through ``workers`` (a started ``WorkerRunner``) if given;
-    without the episode store (no checkpoints, no writer) if not ``store``. Returns the
+    without the episode store (no checkpoints, no writer) if not ``store``; at most
+    ``slots`` episodes at once (the scheduler's concurrency), else all. Returns the
     tokens sampled, the wall time and this process's CPU time (every thread); ``timer``
     (if given) begins where the wall time does."""
     from agentrl.queue import TrajectoryQueue
@@ -239,7 +262,7 @@ async def platform_round(client, tokenizer, episodes: int, turns: int, tokens: i
     rollout = RolloutConfig(max_turns=turns, max_tokens_per_turn=tokens, ignore_eos=True)
     queue = TrajectoryQueue(episodes + 1)
     tasks = list(tasks_for("bench/Echo-v0", episodes, first_seed=seed, turns=turns))
-    limits = RolloutConfig(concurrency=episodes, group_size=1)
+    limits = RolloutConfig(concurrency=slots or episodes, group_size=1)
     if not store:
         runner = EpisodeRunner(client, tokenizer, rollout, checkpoint=None)
         if timer is not None:
@@ -298,6 +321,8 @@ async def main_async(args: argparse.Namespace) -> dict:
     calib = {(us, thread): ([], []) for us in args.calibrate for thread in (False, True)}
     # --spread-start: raw with its first requests spread over MS milliseconds
     spread = {ms: ([], []) for ms in args.spread_start}
+    # --idle-gap: raw waiting MS milliseconds, idle, before each next turn
+    idle = {ms: ([], []) for ms in args.idle_gap}
     # each path's request gaps, a summary a round (RequestTimes)
     gaps: dict[str, list[dict[str, float]]] = collections.defaultdict(list)
     with tempfile.TemporaryDirectory() as tmp:
@@ -318,10 +343,21 @@ async def main_async(args: argparse.Namespace) -> dict:
                 for n, pool in pools.items():
                     await platform_round(client, tokenizer, 8, args.turns, args.tokens, 0,
                                          Path(tmp) / f"w{n}", pool)  # fmt: skip
+                slots = args.concurrency
+                # raw's diagnostic rounds: (request-gap key, label, raw_round keywords, figures)
+                raw_variants = [
+                    *((f"spread {ms:g}", f"raw spread {ms:g} ms", {"spread_s": ms / 1000}, v)
+                      for ms, v in spread.items()),
+                    *((f"idle {ms:g}", f"raw idle {ms:g} ms", {"gap_s": ms / 1000}, v)
+                      for ms, v in idle.items()),
+                    *((f"raw+{us:g}us {thread}", f"raw+{us:g}us {'thread' if thread else 'loop'}",
+                       {"burn_us": us, "in_thread": thread}, v)
+                      for (us, thread), v in calib.items()),
+                ]  # fmt: skip
                 for r in range(args.rounds):
                     s0 = stepped[0]
-                    n, wall, cpu = await raw_round(client, prompts, reply, args.turns,
-                                                   args.tokens, timer=timer)  # fmt: skip
+                    n, wall, cpu = await raw_round(client, prompts, reply, args.turns, args.tokens,
+                                                   timer=timer, slots=slots)  # fmt: skip
                     gaps["raw"].append(timer.summary())
                     raw.append(n / wall)
                     raw_cpu.append(cpu)
@@ -329,7 +365,7 @@ async def main_async(args: argparse.Namespace) -> dict:
                     n2, wall2, cpu2 = await platform_round(client, tokenizer, args.episodes,
                                                            args.turns, args.tokens, 0,
                                                            Path(tmp) / f"r{r}",
-                                                           timer=timer)  # fmt: skip
+                                                           timer=timer, slots=slots)  # fmt: skip
                     gaps["platform"].append(timer.summary())
                     plat.append(n2 / wall2)
                     plat_cpu.append(cpu2)
@@ -341,7 +377,7 @@ async def main_async(args: argparse.Namespace) -> dict:
                         s2 = stepped[0]
                         n3, wall3, cpu3 = await platform_round(
                             client, tokenizer, args.episodes, args.turns, args.tokens, 0,
-                            Path(tmp) / "unused", store=False, timer=timer,
+                            Path(tmp) / "unused", store=False, timer=timer, slots=slots,
                         )  # fmt: skip
                         gaps["without store"].append(timer.summary())
                         assert n3 == n, (n, n3)
@@ -353,7 +389,7 @@ async def main_async(args: argparse.Namespace) -> dict:
                         s2 = stepped[0]
                         n3, wall3, cpu3 = await platform_round(
                             client, tokenizer, args.episodes, args.turns, args.tokens, 0,
-                            Path(tmp) / f"r{r}w{k}", pool, timer=timer,
+                            Path(tmp) / f"r{r}w{k}", pool, timer=timer, slots=slots,
                         )  # fmt: skip
                         gaps[f"{k} workers"].append(timer.summary())
                         assert n3 == n, (n, n3)
@@ -361,22 +397,14 @@ async def main_async(args: argparse.Namespace) -> dict:
                         workers_cpu[k].append(cpu3)
                         steps.setdefault(f"{k} workers", []).append(stepped[0] - s2)
                         line += f", {k} workers {by_workers[k][-1]:,.0f}"
-                    for ms, (tps, cpus) in spread.items():
+                    for key, label, kwargs, (tps, cpus) in raw_variants:
                         n3, wall3, cpu3 = await raw_round(client, prompts, reply, args.turns,
-                                                          args.tokens, timer=timer,
-                                                          spread_s=ms / 1000)  # fmt: skip
-                        gaps[f"spread {ms:g}"].append(timer.summary())
+                                                          args.tokens, timer=timer, slots=slots,
+                                                          **kwargs)  # fmt: skip
+                        gaps[key].append(timer.summary())
                         tps.append(n3 / wall3)
                         cpus.append(cpu3)
-                        line += f", raw spread {ms:g} ms {tps[-1]:,.0f}"
-                    for (us, thread), (tps, cpus) in calib.items():
-                        n3, wall3, cpu3 = await raw_round(client, prompts, reply, args.turns,
-                                                          args.tokens, us, thread,
-                                                          timer=timer)  # fmt: skip
-                        gaps[f"raw+{us:g}us {thread}"].append(timer.summary())
-                        tps.append(n3 / wall3)
-                        cpus.append(cpu3)
-                        line += f", raw+{us:g}us {'thread' if thread else 'loop'} {tps[-1]:,.0f}"
+                        line += f", {label} {tps[-1]:,.0f}"
                     print(line + " tok/s", flush=True)
             finally:
                 for pool in pools.values():
@@ -413,6 +441,8 @@ async def main_async(args: argparse.Namespace) -> dict:
                             for (us, thread), (tps, cpus) in calib.items()],
             "spread_start": [{"spread_ms": ms, **path(tps, cpus, f"spread {ms:g}")}
                              for ms, (tps, cpus) in spread.items()],
+            "idle_gap": [{"gap_ms": ms, **path(tps, cpus, f"idle {ms:g}")}
+                         for ms, (tps, cpus) in idle.items()],
             "tokens_per_round": args.episodes * args.turns * args.tokens}  # fmt: skip
 
 
@@ -458,6 +488,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--episodes", type=int, default=64)
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--concurrency", type=int, default=None, metavar="C",
+                        help="run at most C episodes at once, the next starting as one ends "
+                        "(a run's steady state); default: all of them at once")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workers", default="2",
                         help="also run the platform through this many rollout worker "
@@ -470,10 +503,17 @@ def main(argv: list[str] | None = None) -> dict:
                         help="also run raw vLLM with its episodes' first requests spread "
                         "evenly over this many milliseconds: what a slow episode start "
                         "costs the engine here")  # fmt: skip
+    parser.add_argument("--idle-gap", default="", metavar="MS[,MS]",
+                        help="also run raw vLLM with each episode waiting this many "
+                        "milliseconds, idle, before each next turn: what the platform's "
+                        "gap between turns costs the engine here, without its CPU")  # fmt: skip
     parser.add_argument("--without-store", action="store_true",
                         help="also run the one loop without the episode store (no "
                         "checkpoints, no writer): the store's share of the overhead")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.concurrency is not None and not 1 <= args.concurrency <= args.episodes:
+        parser.error(f"--concurrency takes 1 to --episodes ({args.episodes}), "
+                     f"got {args.concurrency}")  # fmt: skip
     args.workers = [int(w) for w in str(args.workers).split(",") if w.strip()]
     args.calibrate = [float(u) for u in str(args.calibrate).split(",") if u.strip()]
     if any(u <= 0 for u in args.calibrate):
@@ -481,8 +521,12 @@ def main(argv: list[str] | None = None) -> dict:
     args.spread_start = [float(m) for m in str(args.spread_start).split(",") if m.strip()]
     if any(m <= 0 for m in args.spread_start):
         parser.error(f"--spread-start takes milliseconds above 0, got {args.spread_start}")
+    args.idle_gap = [float(m) for m in str(args.idle_gap).split(",") if m.strip()]
+    if any(m <= 0 for m in args.idle_gap):
+        parser.error(f"--idle-gap takes milliseconds above 0, got {args.idle_gap}")
+    at_once = f", {args.concurrency} at a time" if args.concurrency else ""
     print(f"platform overhead: {args.episodes} episodes x {args.turns} turns x {args.tokens} "
-          f"tokens, {args.rounds} rounds each way", flush=True)  # fmt: skip
+          f"tokens{at_once}, {args.rounds} rounds each way", flush=True)  # fmt: skip
     result = asyncio.run(main_async(args))
     rows = [
         ["raw AsyncLLM", result["raw_tokens_per_s"], 1.0, "", result["raw_cpu_ms_per_round"],
@@ -510,7 +554,16 @@ def main(argv: list[str] | None = None) -> dict:
                      "(calibration)", c["tokens_per_s"], c["ratio"],
                      _interval(c["paired_ratio"]), c["cpu_ms_per_round"], "",
                      *_gap_cells(c["request_gaps"])])  # fmt: skip
-    md = "### Platform overhead against raw vLLM (same tokens, same concurrency)\n\n" + table(
+    for c in result["idle_gap"]:
+        rows.append([f"raw AsyncLLM, {c['gap_ms']:g} ms idle before each next turn "
+                     "(calibration)", c["tokens_per_s"], c["ratio"],
+                     _interval(c["paired_ratio"]), c["cpu_ms_per_round"], "",
+                     *_gap_cells(c["request_gaps"])])  # fmt: skip
+    shape = f"{args.episodes} episodes, " + (
+        f"{args.concurrency} at a time" if args.concurrency else "all at once"
+    )
+    md = ("### Platform overhead against raw vLLM (same tokens, same concurrency)\n\n"
+          f"{shape}; {args.turns} turns of {args.tokens} tokens each.\n\n") + table(
         ["path", "tokens/s (median)", "ratio", "paired ratio (95% interval)",
          "this process's CPU ms a round (median)", "engine steps a round (median)",
          "next request after a turn, ms (p50 / p90)", "first request of an episode, ms"],
@@ -535,6 +588,13 @@ def main(argv: list[str] | None = None) -> dict:
             "evenly over that many milliseconds from the round's start (the platform's go "
             "out as their episodes start: admission, env build, reset, first rendering). "
             "They tell what a slow start by itself costs the engine on this machine."
+        )
+    if result["idle_gap"]:
+        md += (
+            "\n\nIdle-gap rows: raw vLLM's own rounds, each episode waiting that many "
+            "milliseconds, idle (no CPU), between a turn's end and its next request. Beside "
+            "the platform's gap p50 they tell how much of its overhead that wait alone "
+            "explains on this machine."
         )
     if result["calibration"]:
         md += (

@@ -114,3 +114,59 @@ def test_raw_rounds_spread_their_first_requests_when_asked() -> None:
     assert first_request_ms(0.0) < 10
     # 16 episodes over 80 ms: episode i at i * 5 ms, the median at about 40 ms
     assert 35 <= first_request_ms(0.08) < 60
+
+
+def test_raw_rounds_wait_idle_between_turns_when_asked() -> None:
+    pytest.importorskip("vllm")
+
+    class Client:
+        _engine = _TokenEngine(0.002)
+
+    timer = RequestTimes(Client._engine)
+    prompts = [[1, 2, 3]] * 8
+
+    def round_(gap_s: float) -> tuple[dict[str, float], float]:
+        sampled, _wall, cpu = asyncio.run(
+            raw_round(Client, prompts, [4], 3, 5, timer=timer, gap_s=gap_s)
+        )
+        assert sampled == 8 * 3 * 5
+        return timer.summary(), cpu
+
+    s, _cpu = round_(0.0)
+    assert s["gap_p50_ms"] < 5, s
+    s, cpu = round_(0.03)
+    # each next request waits the 30 ms after the turn's end; the first does not
+    assert 29 <= s["gap_p50_ms"] < 45, s
+    assert s["first_request_ms"] < 10, s
+    assert cpu < 0.05  # idle: 16 waits of 30 ms are nearly half a second of wall time
+
+
+def test_raw_rounds_keep_at_most_their_slots_busy_when_asked() -> None:
+    pytest.importorskip("vllm")
+
+    class Engine(_TokenEngine):
+        def __init__(self) -> None:
+            super().__init__(0.002)
+            self.open = self.most = 0
+
+        async def generate(self, prompt, params, request_id):
+            self.open += 1
+            self.most = max(self.most, self.open)
+            try:
+                async for out in super().generate(prompt, params, request_id):
+                    yield out
+            finally:
+                self.open -= 1
+
+    class Client:
+        _engine = Engine()
+
+    timer = RequestTimes(Client._engine)
+    prompts = [[1, 2, 3]] * 16
+    sampled, _wall, _cpu = asyncio.run(raw_round(Client, prompts, [4], 2, 5, timer=timer, slots=4))
+    assert sampled == 16 * 2 * 5  # every episode ran, four at a time
+    assert Client._engine.most == 4
+    # the later episodes waited for a slot: 4 waves of two 2 ms turns
+    assert timer.summary()["first_request_ms"] >= 4
+    asyncio.run(raw_round(Client, prompts, [4], 2, 5, timer=timer))
+    assert Client._engine.most == 16  # without slots, all at once
