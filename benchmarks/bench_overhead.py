@@ -467,6 +467,12 @@ def _gap_cells(g: dict[str, float]) -> list[str]:
     return [f"{g['gap_p50_ms']:.2f} / {g['gap_p90_ms']:.2f}", f"{g['first_request_ms']:.1f}"]
 
 
+def _raw_row(label: str, c: dict) -> list:
+    """A table row for one of raw vLLM's diagnostic rounds (no engine-step count)."""
+    return [label, c["tokens_per_s"], c["ratio"], _interval(c["paired_ratio"]),
+            c["cpu_ms_per_round"], "", *_gap_cells(c["request_gaps"])]  # fmt: skip
+
+
 def _interval(r: dict[str, float]) -> str:
     return f"{r['median']:.3f} ({r['low']:.3f}-{r['high']:.3f})"
 
@@ -515,15 +521,12 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error(f"--concurrency takes 1 to --episodes ({args.episodes}), "
                      f"got {args.concurrency}")  # fmt: skip
     args.workers = [int(w) for w in str(args.workers).split(",") if w.strip()]
-    args.calibrate = [float(u) for u in str(args.calibrate).split(",") if u.strip()]
-    if any(u <= 0 for u in args.calibrate):
-        parser.error(f"--calibrate takes microseconds above 0, got {args.calibrate}")
-    args.spread_start = [float(m) for m in str(args.spread_start).split(",") if m.strip()]
-    if any(m <= 0 for m in args.spread_start):
-        parser.error(f"--spread-start takes milliseconds above 0, got {args.spread_start}")
-    args.idle_gap = [float(m) for m in str(args.idle_gap).split(",") if m.strip()]
-    if any(m <= 0 for m in args.idle_gap):
-        parser.error(f"--idle-gap takes milliseconds above 0, got {args.idle_gap}")
+    for option, unit in (("calibrate", "microseconds"), ("spread_start", "milliseconds"),
+                         ("idle_gap", "milliseconds")):  # fmt: skip
+        values = [float(v) for v in str(getattr(args, option)).split(",") if v.strip()]
+        if any(v <= 0 for v in values):
+            parser.error(f"--{option.replace('_', '-')} takes {unit} above 0, got {values}")
+        setattr(args, option, values)
     at_once = f", {args.concurrency} at a time" if args.concurrency else ""
     print(f"platform overhead: {args.episodes} episodes x {args.turns} turns x {args.tokens} "
           f"tokens{at_once}, {args.rounds} rounds each way", flush=True)  # fmt: skip
@@ -546,19 +549,14 @@ def main(argv: list[str] | None = None) -> dict:
                      w["engine_steps_per_round"], *_gap_cells(w["request_gaps"])])  # fmt: skip
     for c in result["calibration"]:
         where = "in a thread" if c["in_thread"] else "on the event loop"
-        rows.append([f"raw AsyncLLM + {c['burn_us']:g} us of CPU a turn {where} (calibration)",
-                     c["tokens_per_s"], c["ratio"], _interval(c["paired_ratio"]),
-                     c["cpu_ms_per_round"], "", *_gap_cells(c["request_gaps"])])  # fmt: skip
+        rows.append(_raw_row(f"raw AsyncLLM + {c['burn_us']:g} us of CPU a turn {where} "
+                             "(calibration)", c))  # fmt: skip
     for c in result["spread_start"]:
-        rows.append([f"raw AsyncLLM, first requests spread over {c['spread_ms']:g} ms "
-                     "(calibration)", c["tokens_per_s"], c["ratio"],
-                     _interval(c["paired_ratio"]), c["cpu_ms_per_round"], "",
-                     *_gap_cells(c["request_gaps"])])  # fmt: skip
+        rows.append(_raw_row(f"raw AsyncLLM, first requests spread over {c['spread_ms']:g} ms "
+                             "(calibration)", c))  # fmt: skip
     for c in result["idle_gap"]:
-        rows.append([f"raw AsyncLLM, {c['gap_ms']:g} ms idle before each next turn "
-                     "(calibration)", c["tokens_per_s"], c["ratio"],
-                     _interval(c["paired_ratio"]), c["cpu_ms_per_round"], "",
-                     *_gap_cells(c["request_gaps"])])  # fmt: skip
+        rows.append(_raw_row(f"raw AsyncLLM, {c['gap_ms']:g} ms idle before each next turn "
+                             "(calibration)", c))  # fmt: skip
     shape = f"{args.episodes} episodes, " + (
         f"{args.concurrency} at a time" if args.concurrency else "all at once"
     )

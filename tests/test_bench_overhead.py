@@ -95,21 +95,29 @@ class _TokenEngine:
         yield _TokenOutput(True, [7] * params.max_tokens)
 
 
+def _raw(engine, timer: RequestTimes, episodes: int, turns: int,
+         **kwargs) -> tuple[dict[str, float], float]:  # fmt: skip
+    """``raw_round`` of ``episodes`` 5-token turns against ``engine``: every token sampled;
+    the round's request gaps and CPU time."""
+
+    class Client:
+        _engine = engine
+
+    sampled, _wall, cpu = asyncio.run(
+        raw_round(Client, [[1, 2, 3]] * episodes, [4], turns, 5, timer=timer, **kwargs)
+    )
+    assert sampled == episodes * turns * 5
+    return timer.summary(), cpu
+
+
 def test_raw_rounds_spread_their_first_requests_when_asked() -> None:
     pytest.importorskip("vllm")
 
-    class Client:
-        _engine = _TokenEngine(0.002)
-
-    timer = RequestTimes(Client._engine)
-    prompts = [[1, 2, 3]] * 16
+    engine = _TokenEngine(0.002)
+    timer = RequestTimes(engine)
 
     def first_request_ms(spread_s: float) -> float:
-        sampled, _wall, _cpu = asyncio.run(
-            raw_round(Client, prompts, [4], 2, 5, timer=timer, spread_s=spread_s)
-        )
-        assert sampled == 16 * 2 * 5
-        return timer.summary()["first_request_ms"]
+        return _raw(engine, timer, 16, 2, spread_s=spread_s)[0]["first_request_ms"]
 
     assert first_request_ms(0.0) < 10
     # 16 episodes over 80 ms: episode i at i * 5 ms, the median at about 40 ms
@@ -119,22 +127,11 @@ def test_raw_rounds_spread_their_first_requests_when_asked() -> None:
 def test_raw_rounds_wait_idle_between_turns_when_asked() -> None:
     pytest.importorskip("vllm")
 
-    class Client:
-        _engine = _TokenEngine(0.002)
-
-    timer = RequestTimes(Client._engine)
-    prompts = [[1, 2, 3]] * 8
-
-    def round_(gap_s: float) -> tuple[dict[str, float], float]:
-        sampled, _wall, cpu = asyncio.run(
-            raw_round(Client, prompts, [4], 3, 5, timer=timer, gap_s=gap_s)
-        )
-        assert sampled == 8 * 3 * 5
-        return timer.summary(), cpu
-
-    s, _cpu = round_(0.0)
+    engine = _TokenEngine(0.002)
+    timer = RequestTimes(engine)
+    s, _cpu = _raw(engine, timer, 8, 3, gap_s=0.0)
     assert s["gap_p50_ms"] < 5, s
-    s, cpu = round_(0.03)
+    s, cpu = _raw(engine, timer, 8, 3, gap_s=0.03)
     # each next request waits the 30 ms after the turn's end; the first does not
     assert 29 <= s["gap_p50_ms"] < 45, s
     assert s["first_request_ms"] < 10, s
@@ -158,15 +155,11 @@ def test_raw_rounds_keep_at_most_their_slots_busy_when_asked() -> None:
             finally:
                 self.open -= 1
 
-    class Client:
-        _engine = Engine()
-
-    timer = RequestTimes(Client._engine)
-    prompts = [[1, 2, 3]] * 16
-    sampled, _wall, _cpu = asyncio.run(raw_round(Client, prompts, [4], 2, 5, timer=timer, slots=4))
-    assert sampled == 16 * 2 * 5  # every episode ran, four at a time
-    assert Client._engine.most == 4
+    engine = Engine()
+    timer = RequestTimes(engine)
+    s, _cpu = _raw(engine, timer, 16, 2, slots=4)  # every episode ran, four at a time
+    assert engine.most == 4
     # the later episodes waited for a slot: 4 waves of two 2 ms turns
-    assert timer.summary()["first_request_ms"] >= 4
-    asyncio.run(raw_round(Client, prompts, [4], 2, 5, timer=timer))
-    assert Client._engine.most == 16  # without slots, all at once
+    assert s["first_request_ms"] >= 4
+    _raw(engine, timer, 16, 2)
+    assert engine.most == 16  # without slots, all at once
