@@ -26,19 +26,30 @@ from agentrl.store import EpisodeStore
 from agentrl.types import Trajectory
 
 CLI = [sys.executable, "-m", "agentrl.cli", "rollout"]
+EPISODES = 64
 
 
-def count(db: Path, table: str) -> int:
-    """Rows in ``table`` of the store at ``db`` (0 before it exists)."""
+def scalar(db: Path, sql: str) -> int:
+    """The one value ``sql`` selects from the store at ``db`` (0 before it exists)."""
     if not db.exists():
         return 0
     conn = sqlite3.connect(db, timeout=5)
     try:
-        return conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
+        return conn.execute(sql).fetchone()[0]
     except sqlite3.OperationalError:  # not created yet
         return 0
     finally:
         conn.close()
+
+
+def count(db: Path, table: str) -> int:
+    """Rows in ``table`` of the store at ``db``."""
+    return scalar(db, f"SELECT COUNT(*) FROM {table}")
+
+
+def ended(db: Path) -> int:
+    """Episodes with a recorded trajectory in the store at ``db``."""
+    return scalar(db, "SELECT COUNT(DISTINCT episode_id) FROM trajectories")
 
 
 @dataclasses.dataclass
@@ -48,7 +59,8 @@ class KilledRun:
     """The run directory as the last kill that caught unfinished episodes left it."""
     env: dict[str, str]
     checkpoints: dict[tuple[str, int], np.ndarray]
-    kills: list[tuple[int, float, int]]
+    kills: list[tuple[int, int, int]]
+    """(attempt, episodes ended when it was killed, return code) of each run."""
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +68,7 @@ def killed_run(tmp_path_factory: pytest.TempPathFactory, model_cache: Path) -> K
     tmp_path = tmp_path_factory.mktemp("killed")
     out = tmp_path / "run"
     env = {**os.environ, "AGENTRL_CACHE": str(model_cache)}
-    first = [*CLI, "agentrl/GuessNumber-v0", "--episodes", "64", "--group-size", "2",
+    first = [*CLI, "agentrl/GuessNumber-v0", "--episodes", str(EPISODES), "--group-size", "2",
              "--concurrency", "12", "--max-tokens", "48", "--out", str(out)]  # fmt: skip
     resume = [*CLI, "--resume", "--out", str(out)]
     rng = random.Random(5)
@@ -67,23 +79,22 @@ def killed_run(tmp_path_factory: pytest.TempPathFactory, model_cache: Path) -> K
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                 start_new_session=True)  # fmt: skip
         try:
-            # Kill at a random moment once the run holds a durable checkpoint (a fixed
-            # delay from the first episode's start missed them all on a slow machine).
+            # Kill at a random point of what is left of the run, counted in ended episodes,
+            # once it holds a durable checkpoint. A random delay (0-3 s after the first
+            # checkpoint) let a fresh-clone CI run finish all 64 episodes before each of
+            # its three kills; counted in episodes, a faster machine cannot outrun it.
             deadline = time.monotonic() + 300
             db = out / "episodes.db"
-            before = count(db, "episodes")
-            while (count(db, "episodes") <= before or not count(db, "partials")) and (
-                proc.poll() is None
-            ):
+            before = ended(db)
+            at = before + max(1, round(rng.uniform(0.05, 0.5) * (EPISODES - before)))
+            while (ended(db) < at or not count(db, "partials")) and proc.poll() is None:
                 assert time.monotonic() < deadline, "the run never checkpointed an episode"
-                time.sleep(0.1)
-            delay = rng.uniform(0.0, 3.0)
-            time.sleep(delay)
+                time.sleep(0.02)
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)  # the run and the vLLM processes it started
             proc.wait(timeout=60)
-        kills.append((attempt, round(delay, 2), proc.returncode))
+        kills.append((attempt, ended(db), proc.returncode))
         with EpisodeStore.open(out, create=False) as store:
             assert store.integrity_check() == "ok"
             partials = store.partials()
@@ -103,7 +114,7 @@ def test_sigkill_at_random_moments_then_resume_loses_nothing(killed_run: KilledR
     resume = [*CLI, "--resume", "--out", str(out)]
     done = subprocess.run(resume, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "64 episodes of agentrl/GuessNumber-v0" in done.stdout
+    assert f"{EPISODES} episodes of agentrl/GuessNumber-v0" in done.stdout
 
     lines = (out / "trajectories.jsonl").read_text().splitlines()
     trajectories = [Trajectory.from_json(json.loads(line)) for line in lines]
