@@ -156,6 +156,24 @@ def episodes(run: Run) -> tuple[str, str]:
     return ended[0].episode_id, max(partials, key=lambda p: p.turn).episode_id
 
 
+def expected_policy(run: Run, episode: str) -> str:
+    """What a fork of ``episode`` of a train run must say samples it: the kept checkpoint
+    of the newest version that sampled the episode, else the final model, else the base
+    model. Checkpoints are pruned to the newest two, so which one applies depends on how
+    far the run got before the kill (a fresh-clone CI run reached version 8)."""
+    with EpisodeStore.open(run.out, create=False) as store:
+        segments = [t for t in store.all_trajectories() if t.episode_id == episode]
+    version = max(int(t.versions.max()) for t in segments)
+    kept = {}
+    for meta in (run.out / "checkpoints").glob("step-*/trainer.json"):
+        kept[json.loads(meta.read_text())["version"]] = meta.parent.name
+    if version in kept:
+        return f"checkpoint {kept[version]} (version {version}, the policy that sampled"
+    if (run.out / "model").is_dir():
+        return f"no checkpoint of version {version}, which sampled this episode, was kept"
+    return "the run's base model"
+
+
 @pytest.mark.vllm
 @pytest.mark.timeout(1800)
 def test_show_verify_fork_resume_export(run: Run, tmp_path: Path) -> None:
@@ -177,8 +195,8 @@ def test_show_verify_fork_resume_export(run: Run, tmp_path: Path) -> None:
     forked = replay(run, ended, "--fork-at", "1", "--temperature", "0")
     assert forked.returncode == 0, forked.stderr[-3000:]
     assert "policy: " in forked.stdout and "stored as" in forked.stdout
-    if run.kind == "train":  # the policy that sampled it: a kept checkpoint or the base
-        assert "checkpoint step-" in forked.stdout or "base model" in forked.stdout
+    if run.kind == "train":
+        assert expected_policy(run, ended) in forked.stdout, forked.stdout[-3000:]
 
     resumed = replay(run, unfinished, "--resume")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
