@@ -527,9 +527,10 @@ def main(argv: list[str] | None = None) -> dict:
         if any(v <= 0 for v in values):
             parser.error(f"--{option.replace('_', '-')} takes {unit} above 0, got {values}")
         setattr(args, option, values)
-    at_once = f", {args.concurrency} at a time" if args.concurrency else ""
+    at_once = f"{args.concurrency} at a time" if args.concurrency else ""
     print(f"platform overhead: {args.episodes} episodes x {args.turns} turns x {args.tokens} "
-          f"tokens{at_once}, {args.rounds} rounds each way", flush=True)  # fmt: skip
+          f"tokens{', ' + at_once if at_once else ''}, {args.rounds} rounds each way",
+          flush=True)  # fmt: skip
     result = asyncio.run(main_async(args))
     rows = [
         ["raw AsyncLLM", result["raw_tokens_per_s"], 1.0, "", result["raw_cpu_ms_per_round"],
@@ -557,9 +558,7 @@ def main(argv: list[str] | None = None) -> dict:
     for c in result["idle_gap"]:
         rows.append(_raw_row(f"raw AsyncLLM, {c['gap_ms']:g} ms idle before each next turn "
                              "(calibration)", c))  # fmt: skip
-    shape = f"{args.episodes} episodes, " + (
-        f"{args.concurrency} at a time" if args.concurrency else "all at once"
-    )
+    shape = f"{args.episodes} episodes, {at_once or 'all at once'}"
     md = ("### Platform overhead against raw vLLM (same tokens, same concurrency)\n\n"
           f"{shape}; {args.turns} turns of {args.tokens} tokens each.\n\n") + table(
         ["path", "tokens/s (median)", "ratio", "paired ratio (95% interval)",
