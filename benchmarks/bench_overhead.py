@@ -43,6 +43,12 @@ next request: what the platform's gap between turns (its p50 is in the table) wo
 by itself, without any of its CPU. Where raw with the platform's gap loses about what
 the platform loses, the overhead is that wait, not the CPU spent in it.
 
+Every core (``--every-core``, a diagnostic): raw vLLM's and the platform's rounds again
+with every thread of this process allowed on every core, as before agentrl kept it off
+the cores vLLM's CPU worker bound itself to (``inference.keep_off_worker_cores``,
+:mod:`agentrl.cores`); the platform's row is paired against raw's rounds on every core.
+What keeping off the worker's cores buys each of them, side by side.
+
 Platform through rollout workers: the same, the episodes in ``--workers`` worker
 processes (:mod:`agentrl.rollout.workers`) against the same engine in this process.
 
@@ -66,6 +72,7 @@ import asyncio
 import collections
 import itertools
 import math
+import os
 import statistics
 import sys
 import tempfile
@@ -74,6 +81,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from agentrl import cores
 from benchmarks.common import paired_ratio, save, table
 
 
@@ -323,10 +331,14 @@ async def main_async(args: argparse.Namespace) -> dict:
     spread = {ms: ([], []) for ms in args.spread_start}
     # --idle-gap: raw waiting MS milliseconds, idle, before each next turn
     idle = {ms: ([], []) for ms in args.idle_gap}
+    # --every-core: raw and the platform with this process on every core
+    every: dict[str, tuple[list[float], list[float]]] = {"raw": ([], []), "platform": ([], [])}
     # each path's request gaps, a summary a round (RequestTimes)
     gaps: dict[str, list[dict[str, float]]] = collections.defaultdict(list)
     with tempfile.TemporaryDirectory() as tmp:
         async with await VLLMEngineClient.start(path, config) as client:
+            placement = {"this_process_cores": sorted(os.sched_getaffinity(0)),
+                         "vllm_worker_cores": sorted(cores.worker_cores())}  # fmt: skip
             stepped = count_engine_steps(client)
             timer = RequestTimes(client._engine)
             pools = {}
@@ -397,6 +409,23 @@ async def main_async(args: argparse.Namespace) -> dict:
                         workers_cpu[k].append(cpu3)
                         steps.setdefault(f"{k} workers", []).append(stepped[0] - s2)
                         line += f", {k} workers {by_workers[k][-1]:,.0f}"
+                    if args.every_core:
+                        with cores.suspended():
+                            for key in ("raw", "platform"):
+                                if key == "raw":
+                                    n3, wall3, cpu3 = await raw_round(
+                                        client, prompts, reply, args.turns, args.tokens,
+                                        timer=timer, slots=slots)  # fmt: skip
+                                else:
+                                    n3, wall3, cpu3 = await platform_round(
+                                        client, tokenizer, args.episodes, args.turns,
+                                        args.tokens, 0, Path(tmp) / f"r{r}e", timer=timer,
+                                        slots=slots)  # fmt: skip
+                                assert n3 == n, (n, n3)
+                                gaps[f"every core {key}"].append(timer.summary())
+                                every[key][0].append(n3 / wall3)
+                                every[key][1].append(cpu3)
+                                line += f", {key} on every core {n3 / wall3:,.0f}"
                     for key, label, kwargs, (tps, cpus) in raw_variants:
                         n3, wall3, cpu3 = await raw_round(client, prompts, reply, args.turns,
                                                           args.tokens, timer=timer, slots=slots,
@@ -443,6 +472,17 @@ async def main_async(args: argparse.Namespace) -> dict:
                              for ms, (tps, cpus) in spread.items()],
             "idle_gap": [{"gap_ms": ms, **path(tps, cpus, f"idle {ms:g}")}
                          for ms, (tps, cpus) in idle.items()],
+            "placement": placement,
+            "every_core": {
+                "raw": path(*every["raw"], "every core raw"),
+                # the platform against raw's rounds on every core (the overhead without
+                # keeping off the worker's cores)
+                "platform": {**path(*every["platform"], "every core platform"),
+                             "ratio": (statistics.median(every["platform"][0])
+                                       / statistics.median(every["raw"][0])),
+                             "paired_ratio": paired_ratio(*(every[k][0] for k in
+                                                            ("platform", "raw")))},
+            } if every["raw"][0] else None,
             "tokens_per_round": args.episodes * args.turns * args.tokens}  # fmt: skip
 
 
@@ -513,6 +553,9 @@ def main(argv: list[str] | None = None) -> dict:
                         help="also run raw vLLM with each episode waiting this many "
                         "milliseconds, idle, before each next turn: what the platform's "
                         "gap between turns costs the engine here, without its CPU")  # fmt: skip
+    parser.add_argument("--every-core", action="store_true",
+                        help="also run raw vLLM and the platform with this process on every "
+                        "core, the vLLM worker's too: what keeping off it buys")  # fmt: skip
     parser.add_argument("--without-store", action="store_true",
                         help="also run the one loop without the episode store (no "
                         "checkpoints, no writer): the store's share of the overhead")  # fmt: skip
@@ -548,6 +591,10 @@ def main(argv: list[str] | None = None) -> dict:
         rows.append([f"agentrl, {k} rollout worker processes + store", w["tokens_per_s"],
                      w["ratio"], _interval(w["paired_ratio"]), w["main_cpu_ms_per_round"],
                      w["engine_steps_per_round"], *_gap_cells(w["request_gaps"])])  # fmt: skip
+    if (e := result["every_core"]) is not None:
+        rows.append(_raw_row("raw AsyncLLM, this process on every core (diagnostic)", e["raw"]))
+        rows.append(_raw_row("agentrl episode loop + store, this process on every core, "
+                             "against raw on every core (diagnostic)", e["platform"]))  # fmt: skip
     for c in result["calibration"]:
         where = "in a thread" if c["in_thread"] else "on the event loop"
         rows.append(_raw_row(f"raw AsyncLLM + {c['burn_us']:g} us of CPU a turn {where} "
@@ -579,6 +626,19 @@ def main(argv: list[str] | None = None) -> dict:
         "episodes); each the median over the rounds. Time between a turn and the next request "
         "is time the engine could have been stepping that sequence."
     )
+    where = result["placement"]
+    md += (
+        f"\n\nThis process ran on core(s) {where['this_process_cores']}; vLLM's CPU worker "
+        f"is bound to {where['vllm_worker_cores'] or 'no core of its own'} "
+        "(`inference.keep_off_worker_cores`)."
+    )
+    if result["every_core"] is not None:
+        md += (
+            "\n\nEvery-core rows: raw vLLM's and the platform's rounds with every thread "
+            "of this process allowed on every core, the worker's too (as before agentrl kept "
+            "off it); raw's row is against raw's own rounds, the platform's against raw's on "
+            "every core."
+        )
     if result["spread_start"]:
         md += (
             "\n\nSpread rows: raw vLLM's own rounds, the episodes' first requests going out "

@@ -230,6 +230,11 @@ class InferenceConfig:
     """On a GPU: the share of its memory vLLM takes for weights and KV cache (vLLM's
     own setting); unset: weights plus kv_cache_mib. With the trainer on the same GPU
     (engine mode) the two budgets are checked together at start."""
+    keep_off_worker_cores: bool = True
+    """engine mode on CPU: once vLLM's worker has bound itself to its cores (core 0 of a
+    2-core machine), keep this process's threads on the others, so that the event loop
+    and its threads do not preempt the forward pass (agentrl.cores; nothing happens where
+    no worker is bound, e.g. on a GPU)."""
     sleep_during_train: bool = False
     """train.mode = "sync" on one GPU: put vLLM to sleep (level 1: weights to CPU, KV
     cache freed) for each train step and wake it to publish (needs a GPU: vLLM's sleep

@@ -22,6 +22,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from agentrl import cores
 from agentrl.errors import EngineError, EngineStartupError, WeightSyncError
 from agentrl.inference.base import (
     STREAM_INTERVAL,
@@ -66,6 +67,8 @@ class VLLMEngineClient(VLLMClientBase):
         self.model_path = model_path
         self.max_lora_rank = max_lora_rank
         """The adapter rank LoRA updates may have; None: started without LoRA."""
+        self._cores_claim: int | None = None
+        """This process keeps off the cores of this engine's worker (agentrl.cores)."""
         self._lora: Any = None  # vllm.lora.request.LoRARequest of the served adapter
         self._lora_ids = 0
 
@@ -124,9 +127,16 @@ class VLLMEngineClient(VLLMClientBase):
                 else {}
             ),
         )
+
+        def build() -> AsyncLLM:
+            # Its worker binds itself among the cores this thread may use: all of them,
+            # even while another engine keeps this process off its worker's.
+            with cores.every_core():
+                return AsyncLLM.from_engine_args(args)
+
         try:
             engine = await asyncio.wait_for(
-                asyncio.to_thread(AsyncLLM.from_engine_args, args),
+                asyncio.to_thread(build),
                 timeout=config.startup_timeout_s,
             )
         except TimeoutError as e:
@@ -142,6 +152,8 @@ class VLLMEngineClient(VLLMClientBase):
         # interpreter exit, so close() must be able to drop the last reference.
         client, engine = cls(engine, config, model_path, max_lora_rank), None
         client._version = version
+        if config.keep_off_worker_cores:
+            client._cores_claim = cores.keep_off(cores.worker_cores())
         await client._engine.update_weight_version(str(version))
         from vllm.platforms import current_platform
 
@@ -327,6 +339,8 @@ class VLLMEngineClient(VLLMClientBase):
             await asyncio.sleep(0.1)
         finally:
             handler_log.setLevel(level)
+            cores.release(self._cores_claim)
+            self._cores_claim = None
 
     # -- the hooks of VLLMClientBase -------------------------------------------------------
 

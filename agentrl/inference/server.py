@@ -30,6 +30,7 @@ from typing import Any
 
 import aiohttp
 
+from agentrl import cores
 from agentrl.errors import (
     ContextOverflowError,
     EngineError,
@@ -237,7 +238,9 @@ def _spawn(command: Sequence[str], env: dict[str, str] | None, log_path: Path) -
     agentrl dies without doing so.
     """
     ensure_reaper()
-    with open(log_path, "ab") as log:
+    # Its worker binds itself among the cores the server may use: all of this process's,
+    # even while an in-process engine keeps this process off its own worker's.
+    with open(log_path, "ab") as log, cores.every_core():
         return subprocess.Popen(
             list(command), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )

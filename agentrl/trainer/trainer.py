@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from agentrl import faults
+from agentrl import cores, faults
 from agentrl.config import TrainerConfig
 from agentrl.errors import ConfigError
 from agentrl.trainer import packing as packed_attention
@@ -152,7 +152,7 @@ class Trainer:
                 f"taken of logits / temperature)"
             )
         self.config = config or TrainerConfig()
-        self._cores = set(os.sched_getaffinity(0))  # what pin(every_core=True) lends
+        self._cores = cores.process_cores()  # what pin(every_core=True) lends
         self.lend_cores: Callable[[], bool] | None = None
         """Asked before each micro-step on CPU: may it use every core (generation idle)?"""
         self._on_every_core = False

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+from agentrl import cores
 from agentrl.errors import ModelNotFoundError
 from agentrl.inference.base import SamplingConfig
 from agentrl.inference.engine import STREAM_INTERVAL, VLLMEngineClient
@@ -73,6 +75,37 @@ async def test_tokens_stream_in_steps_and_an_abort_cut_between_them_loses_none(
     assert any(beyond_streamed), "an abort handed back only the tokens already streamed"
 
 
+def _thread_cores() -> set[frozenset[int]]:
+    """The distinct core sets of this process's threads."""
+    out = set()
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            out.add(frozenset(os.sched_getaffinity(int(tid))))
+        except OSError:
+            pass
+    return out
+
+
+@pytest.mark.skipif(
+    not cores.supported() or len(os.sched_getaffinity(0)) < 2, reason="Linux, 2+ cores"
+)
+async def test_this_process_keeps_off_the_core_vllms_worker_bound_itself_to(
+    client: VLLMEngineClient,
+) -> None:
+    """vLLM's CPU worker binds itself to core 0 of this 2-core machine and spins; every
+    thread of this process (the engine's client, the event loop, their helpers) runs on
+    the other cores, so none preempts the forward pass (agentrl.cores)."""
+    bound = cores.worker_cores()
+    assert bound, "vLLM's CPU worker bound itself to some cores (VLLM_CPU_OMP_THREADS_BIND)"
+    rest = frozenset(cores.process_cores() - bound)
+    assert rest and client._cores_claim is not None
+    assert _thread_cores() == {rest}
+    # and the engine still samples
+    four = SamplingConfig(max_tokens=4, ignore_eos=True)
+    out = await client.generate(PROMPT, four, "after-keep-off")
+    assert len(out.token_ids) == 4
+
+
 async def test_close_lets_the_engine_core_exit_on_its_own_on_a_busy_machine(
     client: VLLMEngineClient,
 ) -> None:
@@ -83,8 +116,9 @@ async def test_close_lets_the_engine_core_exit_on_its_own_on_a_busy_machine(
     5 s was too short here: two busy loops made the teardown take 6-7 s."""
     processes = list(client._engine.engine_core.resources.engine_manager.processes)
     assert processes and all(p.is_alive() for p in processes)
-    busy = [await asyncio.create_subprocess_exec(sys.executable, "-c", "while True: pass")
-            for _ in range(2)]  # fmt: skip
+    with cores.every_core():  # busy on every core, not only those this process keeps to
+        busy = [await asyncio.create_subprocess_exec(sys.executable, "-c", "while True: pass")
+                for _ in range(2)]  # fmt: skip
     try:
         await client.close()
     finally:
@@ -94,3 +128,5 @@ async def test_close_lets_the_engine_core_exit_on_its_own_on_a_busy_machine(
     assert [p.exitcode for p in processes] == [0] * len(processes), (
         "the engine core was killed (negative exit code) instead of exiting on its own"
     )
+    # closed: this process has every core back
+    assert _thread_cores() == {frozenset(cores.process_cores())}
