@@ -234,7 +234,8 @@ class InferenceConfig:
     """engine mode on CPU: once vLLM's worker has bound itself to its cores (core 0 of a
     2-core machine), keep this process's threads on the others, so that the event loop
     and its threads do not preempt the forward pass (agentrl.cores; nothing happens where
-    no worker is bound, e.g. on a GPU)."""
+    no worker is bound, e.g. on a GPU). vLLM leaves one core per worker to the rest
+    (VLLM_CPU_NUM_OF_RESERVED_CPU reserves more, for heavy envs on a large machine)."""
     sleep_during_train: bool = False
     """train.mode = "sync" on one GPU: put vLLM to sleep (level 1: weights to CPU, KV
     cache freed) for each train step and wake it to publish (needs a GPU: vLLM's sleep
