@@ -152,8 +152,6 @@ class VLLMEngineClient(VLLMClientBase):
         # interpreter exit, so close() must be able to drop the last reference.
         client, engine = cls(engine, config, model_path, max_lora_rank), None
         client._version = version
-        if config.keep_off_worker_cores:
-            client._cores_claim = cores.keep_off(cores.worker_cores())
         await client._engine.update_weight_version(str(version))
         from vllm.platforms import current_platform
 
@@ -165,6 +163,8 @@ class VLLMEngineClient(VLLMClientBase):
                 "train with LoRA or untie the embeddings",
                 model_path,
             )
+        if config.keep_off_worker_cores:  # last: nothing after it can fail and leave it held
+            client._cores_claim = cores.keep_off(cores.worker_cores())
         return client
 
     async def generate(
