@@ -49,11 +49,12 @@ def all_cores() -> Iterator[set[int]]:
             pass
 
 
-def _affinities() -> dict[int, frozenset[int]]:
-    out = {}
+def thread_core_sets() -> set[frozenset[int]]:
+    """The distinct sets of cores this process's threads may run on."""
+    out = set()
     for tid in os.listdir("/proc/self/task"):
         try:
-            out[int(tid)] = frozenset(os.sched_getaffinity(int(tid)))
+            out.add(frozenset(os.sched_getaffinity(int(tid))))
         except OSError:  # ended meanwhile
             pass
     return out
@@ -80,7 +81,7 @@ def test_keeps_every_thread_off_the_workers_cores_and_gives_them_back(
         claim = cores.keep_off(cores.worker_cores())
         assert claim is not None
         rest = all_cores - {0}
-        assert set(_affinities().values()) == {frozenset(rest)}, "every thread, the older one too"
+        assert thread_core_sets() == {frozenset(rest)}, "every thread, the older one too"
         assert _in_thread(lambda: os.sched_getaffinity(0)) == rest, "a new thread inherits it"
         assert cores.process_cores() == all_cores, "what the process had before"
         # a process started inside every_core() may choose among all of them
@@ -93,10 +94,10 @@ def test_keeps_every_thread_off_the_workers_cores_and_gives_them_back(
         assert child.stdout.strip() == str(sorted(all_cores))
         assert os.sched_getaffinity(0) == rest, "and the calling thread is narrowed again"
         with cores.suspended():  # the benchmark's diagnostic: every thread on every core
-            assert set(_affinities().values()) == {frozenset(all_cores)}
-        assert set(_affinities().values()) == {frozenset(rest)}
+            assert thread_core_sets() == {frozenset(all_cores)}
+        assert thread_core_sets() == {frozenset(rest)}
         cores.release(claim)
-        assert set(_affinities().values()) == {frozenset(all_cores)}
+        assert thread_core_sets() == {frozenset(all_cores)}
     finally:
         stop.set()
         before.join()
@@ -137,7 +138,7 @@ def test_nothing_moves_when_no_core_would_be_left_or_none_is_bound(all_cores: se
         assert cores.worker_cores() == set(), "bound to every core: not a claim"
         assert cores.keep_off(all_cores) is None
         assert cores.keep_off(set()) is None
-        assert set(_affinities().values()) == {frozenset(all_cores)}
+        assert thread_core_sets() == {frozenset(all_cores)}
     finally:
         everywhere.kill()
         everywhere.wait()

@@ -16,6 +16,7 @@ from agentrl.errors import ModelNotFoundError
 from agentrl.inference.base import SamplingConfig
 from agentrl.inference.engine import STREAM_INTERVAL, VLLMEngineClient
 from tests.inference.client_contract import PROMPT, ClientContract, long_greedy, token_counts
+from tests.test_cores import thread_core_sets
 
 pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module")]
 
@@ -75,17 +76,6 @@ async def test_tokens_stream_in_steps_and_an_abort_cut_between_them_loses_none(
     assert any(beyond_streamed), "an abort handed back only the tokens already streamed"
 
 
-def _thread_cores() -> set[frozenset[int]]:
-    """The distinct core sets of this process's threads."""
-    out = set()
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            out.add(frozenset(os.sched_getaffinity(int(tid))))
-        except OSError:
-            pass
-    return out
-
-
 @pytest.mark.skipif(
     not cores.supported() or len(os.sched_getaffinity(0)) < 2, reason="Linux, 2+ cores"
 )
@@ -99,7 +89,7 @@ async def test_this_process_keeps_off_the_core_vllms_worker_bound_itself_to(
     assert bound, "vLLM's CPU worker bound itself to some cores (VLLM_CPU_OMP_THREADS_BIND)"
     rest = frozenset(cores.process_cores() - bound)
     assert rest and client._cores_claim is not None
-    assert _thread_cores() == {rest}
+    assert thread_core_sets() == {rest}
     # and the engine still samples
     four = SamplingConfig(max_tokens=4, ignore_eos=True)
     out = await client.generate(PROMPT, four, "after-keep-off")
@@ -129,4 +119,4 @@ async def test_close_lets_the_engine_core_exit_on_its_own_on_a_busy_machine(
         "the engine core was killed (negative exit code) instead of exiting on its own"
     )
     # closed: this process has every core back
-    assert _thread_cores() == {frozenset(cores.process_cores())}
+    assert thread_core_sets() == {frozenset(cores.process_cores())}
