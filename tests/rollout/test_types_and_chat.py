@@ -54,6 +54,80 @@ def test_trajectory_invariants_name_what_is_wrong() -> None:
     for message, bad in cases.items():
         with pytest.raises(ValueError, match=message):
             _trajectory(**bad)
+        # From a trajectory of one policy version, which the quick proof takes on
+        with pytest.raises(ValueError, match=message):
+            _trajectory(**{"versions": [-1, 0, 0, -1], **bad})
+    assert _trajectory(versions=[-1, 0, 0, -1])._plainly_valid()
+    assert not t._plainly_valid()  # two versions: the checks one by one
+
+
+def _random_trajectory(rng: np.random.Generator) -> Trajectory:
+    """A valid trajectory of random spans, one policy version (or two, a quarter of them)."""
+    kinds = ["prompt"] + [str(k) for k in rng.choice(["assistant", "env", "tool"], 7)]
+    spans, position = [], 0
+    for turn, kind in enumerate(kinds):
+        length = int(rng.integers(0 if turn else 1, 6))
+        spans.append(TokenSpan(kind, position, position + length, turn))  # type: ignore[arg-type]
+        position += length
+    mask = np.repeat([int(s.sampled) for s in spans], [s.end - s.start for s in spans])
+    version = int(rng.integers(0, 3))
+    versions = np.where(mask == 1, version, -1)
+    if rng.random() < 0.25:
+        versions[mask == 1] += np.arange(int(mask.sum())) >= mask.sum() // 2
+    return _trajectory(
+        token_ids=rng.integers(0, 100, position), loss_mask=mask, versions=versions,
+        logprobs=np.where(mask == 1, -rng.random(position), np.nan), spans=tuple(spans),
+    )  # fmt: skip
+
+
+def test_the_quick_proof_of_validity_never_passes_a_defect() -> None:
+    """``_plainly_valid`` is a shortcut of ``validate``: wherever it says valid, the
+    checks one by one must agree. Random trajectories, each given one random defect (or
+    none): a span moved, a mask byte, a version, a logprob, the status, the reward."""
+    rng = np.random.default_rng(0)
+    proven = defects_refused = 0
+
+    def corrupt(t: Trajectory) -> None:
+        n, what = len(t), int(rng.integers(0, 12))
+        i = int(rng.integers(0, n))
+        if what == 0:
+            t.loss_mask[i] = 1 - t.loss_mask[i]
+        elif what == 1:
+            t.loss_mask[i] = rng.choice([2, -1, 127])
+        elif what == 2:
+            t.versions[i] = rng.choice([-2, -1, 0, 1, 5])
+        elif what == 3:
+            t.logprobs[i] = rng.choice([np.nan, 0.5, np.inf, -np.inf, -0.25])
+        elif what == 4 and len(t.spans) > 1:
+            k = int(rng.integers(1, len(t.spans)))
+            s = t.spans[k]
+            moved = TokenSpan(s.kind, s.start + int(rng.choice([-1, 1])), s.end, s.turn)
+            t.spans = (*t.spans[:k], moved, *t.spans[k + 1 :])
+        elif what == 5:
+            t.spans = t.spans[:-1]
+        elif what == 6:
+            t.status = "done"  # type: ignore[assignment]
+        elif what == 7:
+            t.reward = math.inf
+        elif what == 8:
+            t.failure = FailureKind.ENV_TIMEOUT
+        # else: no defect
+
+    for _ in range(3000):
+        t = _random_trajectory(rng)
+        single = len(set(t.versions[t.loss_mask == 1].tolist())) == 1
+        assert t._plainly_valid() == single  # the usual case is taken on
+        corrupt(t)
+        try:
+            t._check_each_invariant()
+        except ValueError:
+            defects_refused += 1
+            assert not t._plainly_valid(), (t.spans, t.loss_mask, t.versions, t.logprobs)
+            with pytest.raises(ValueError):
+                t.validate()
+        else:
+            proven += t._plainly_valid()
+    assert proven > 500 and defects_refused > 1000, (proven, defects_refused)
 
 
 def test_a_failure_kind_is_a_field_and_survives_json() -> None:
