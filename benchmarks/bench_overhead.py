@@ -4,6 +4,7 @@
                                         [--concurrency C] [--rounds 11] [--without-store]
                                         [--calibrate US[,US]]
                                         [--spread-start MS[,MS]] [--idle-gap MS[,MS]]
+                                        [--replay-timing] [--every-core]
 
 Raw: ``AsyncLLM.generate`` directly (the engine's own object), E concurrent
 "episodes", each T turns of exactly L sampled tokens (``ignore_eos``); after each turn
@@ -42,6 +43,14 @@ waiting MS milliseconds (an idle ``asyncio.sleep``, no CPU) between a turn's end
 next request: what the platform's gap between turns (its p50 is in the table) would cost
 by itself, without any of its CPU. Where raw with the platform's gap loses about what
 the platform loses, the overhead is that wait, not the CPU spent in it.
+
+Replayed timing (``--replay-timing``, a diagnostic): raw vLLM's rounds again, each
+request sent when the platform's round just before sent its own (episodes matched in
+the order of their first requests: each first request as long after the round's start,
+each next one as long after its turn's end; :meth:`RequestTimes.timing`), waiting idle
+in between: what the platform's request timing costs the engine, apart from its CPU.
+Where raw with the platform's timing loses about what the platform loses, the overhead
+is when the requests go out; the rest is the CPU the platform spends beside the engine.
 
 Every core (``--every-core``, a diagnostic): raw vLLM's and the platform's rounds again
 with every thread of this process allowed on every core, as before agentrl kept it off
@@ -145,6 +154,18 @@ class RequestTimes:
                 times[1] = time.perf_counter()
             yield out
 
+    def timing(self) -> list[list[float]]:
+        """The round's request timing by episode, earliest first request first: each
+        episode's first request after the round's start, then the wait before each next
+        request after the turn before it ended, in seconds (what ``raw_round``'s
+        ``timing`` replays)."""
+        episodes = []
+        for requests in self._times.values():
+            requests.sort()
+            episodes.append([requests[0][0] - self._t0,
+                             *(b[0] - a[1] for a, b in itertools.pairwise(requests))])  # fmt: skip
+        return sorted(episodes)
+
     def summary(self) -> dict[str, float]:
         """The round's gaps, in ms: after a turn's last output, the episode's next
         request (p50, p90 over every turn), and each episode's first request after the
@@ -197,6 +218,7 @@ async def raw_round(client, prompts: list[list[int]], reply: list[int], turns: i
                     tokens: int, burn_us: float = 0.0, in_thread: bool = False,
                     timer: RequestTimes | None = None, spread_s: float = 0.0,
                     gap_s: float = 0.0, slots: int | None = None,
+                    timing: list[list[float]] | None = None,
                     ) -> tuple[int, float, float]:  # fmt: skip
     """Raw ``AsyncLLM.generate``; with ``burn_us`` (a calibration), each turn also costs
     that much CPU before its request: on the event loop, delaying the request, or (with
@@ -205,7 +227,17 @@ async def raw_round(client, prompts: list[list[int]], reply: list[int], turns: i
     many seconds from the round's start, episode i's ``i / len(prompts)`` of the way. With
     ``gap_s`` (a calibration), each episode waits that long, idle, before each turn after
     its first. With ``slots``, at most that many episodes run at once, the next starting
-    as one ends (a run's steady state); else all start at once."""
+    as one ends (a run's steady state); else all start at once. With ``timing`` (a
+    calibration; see :meth:`RequestTimes.timing`), episode i sends its first request
+    ``timing[i][0]`` seconds after the round's start and waits ``timing[i][t]``, idle,
+    after turn t - 1 before the next: another path's request timing, replayed without
+    its CPU."""
+    if timing is not None and (spread_s or gap_s or slots):
+        raise ValueError("timing replaces spread_s, gap_s and slots; give it alone")
+    if timing is not None and (len(timing) != len(prompts)
+                               or any(len(t) != turns for t in timing)):  # fmt: skip
+        raise ValueError(f"timing needs {turns} delays for each of the {len(prompts)} "
+                         "episodes")  # fmt: skip
     from vllm import SamplingParams
     from vllm.inputs.engine import tokens_input
     from vllm.sampling_params import RequestOutputKind
@@ -220,6 +252,8 @@ async def raw_round(client, prompts: list[list[int]], reply: list[int], turns: i
     async def episode(i: int, prompt: list[int]) -> None:
         if spread_s:
             await asyncio.sleep(spread_s * i / len(prompts))
+        if timing is not None and (wait := t0 + timing[i][0] - time.perf_counter()) > 0:
+            await asyncio.sleep(wait)
         async with room:
             await turns_of(i, prompt)
 
@@ -229,6 +263,8 @@ async def raw_round(client, prompts: list[list[int]], reply: list[int], turns: i
         for turn in range(turns):
             if turn and gap_s:
                 await asyncio.sleep(gap_s)
+            if turn and timing is not None and timing[i][turn] > 0:
+                await asyncio.sleep(timing[i][turn])
             if burner is not None:
                 burner.add()
             elif burn_us:
@@ -331,6 +367,8 @@ async def main_async(args: argparse.Namespace) -> dict:
     spread = {ms: ([], []) for ms in args.spread_start}
     # --idle-gap: raw waiting MS milliseconds, idle, before each next turn
     idle = {ms: ([], []) for ms in args.idle_gap}
+    # --replay-timing: raw replaying the platform's request timing of the same round
+    replay: tuple[list[float], list[float]] = ([], [])
     # --every-core: raw and the platform with this process on every core
     every: dict[str, tuple[list[float], list[float]]] = {"raw": ([], []), "platform": ([], [])}
     # each path's request gaps, a summary a round (RequestTimes)
@@ -379,6 +417,7 @@ async def main_async(args: argparse.Namespace) -> dict:
                                                            Path(tmp) / f"r{r}",
                                                            timer=timer, slots=slots)  # fmt: skip
                     gaps["platform"].append(timer.summary())
+                    platform_timing = timer.timing()
                     plat.append(n2 / wall2)
                     plat_cpu.append(cpu2)
                     steps["raw"].append(s1 - s0)
@@ -434,6 +473,14 @@ async def main_async(args: argparse.Namespace) -> dict:
                         tps.append(n3 / wall3)
                         cpus.append(cpu3)
                         line += f", {label} {tps[-1]:,.0f}"
+                    if args.replay_timing:
+                        n3, wall3, cpu3 = await raw_round(client, prompts, reply, args.turns,
+                                                          args.tokens, timer=timer,
+                                                          timing=platform_timing)  # fmt: skip
+                        gaps["replay timing"].append(timer.summary())
+                        replay[0].append(n3 / wall3)
+                        replay[1].append(cpu3)
+                        line += f", raw replaying the platform's timing {n3 / wall3:,.0f}"
                     print(line + " tok/s", flush=True)
             finally:
                 for pool in pools.values():
@@ -472,6 +519,7 @@ async def main_async(args: argparse.Namespace) -> dict:
                              for ms, (tps, cpus) in spread.items()],
             "idle_gap": [{"gap_ms": ms, **path(tps, cpus, f"idle {ms:g}")}
                          for ms, (tps, cpus) in idle.items()],
+            "replay_timing": path(*replay, "replay timing") if replay[0] else None,
             "placement": placement,
             "every_core": {
                 "raw": path(*every["raw"], "every core raw"),
@@ -553,6 +601,12 @@ def main(argv: list[str] | None = None) -> dict:
                         help="also run raw vLLM with each episode waiting this many "
                         "milliseconds, idle, before each next turn: what the platform's "
                         "gap between turns costs the engine here, without its CPU")  # fmt: skip
+    parser.add_argument("--replay-timing", action="store_true",
+                        help="also run raw vLLM sending each request when the platform's "
+                        "round before it did (each episode's first request after the "
+                        "round's start, each next one after its turn's end), idle: what "
+                        "the platform's request timing costs the engine, without its "
+                        "CPU")  # fmt: skip
     parser.add_argument("--every-core", action="store_true",
                         help="also run raw vLLM and the platform with this process on every "
                         "core, the vLLM worker's too: what keeping off it buys")  # fmt: skip
@@ -563,6 +617,8 @@ def main(argv: list[str] | None = None) -> dict:
     if args.concurrency is not None and not 1 <= args.concurrency <= args.episodes:
         parser.error(f"--concurrency takes 1 to --episodes ({args.episodes}), "
                      f"got {args.concurrency}")  # fmt: skip
+    if args.replay_timing and args.concurrency is not None:
+        parser.error("--replay-timing replays every episode at once; leave out --concurrency")
     args.workers = [int(w) for w in str(args.workers).split(",") if w.strip()]
     for option, unit in (("calibrate", "microseconds"), ("spread_start", "milliseconds"),
                          ("idle_gap", "milliseconds")):  # fmt: skip
@@ -604,6 +660,9 @@ def main(argv: list[str] | None = None) -> dict:
                              "(calibration)", c))  # fmt: skip
     for c in result["idle_gap"]:
         rows.append(_raw_row(f"raw AsyncLLM, {c['gap_ms']:g} ms idle before each next turn "
+                             "(calibration)", c))  # fmt: skip
+    if (c := result["replay_timing"]) is not None:
+        rows.append(_raw_row("raw AsyncLLM replaying the platform's request timing, idle "
                              "(calibration)", c))  # fmt: skip
     shape = f"{args.episodes} episodes, {at_once or 'all at once'}"
     md = ("### Platform overhead against raw vLLM (same tokens, same concurrency)\n\n"

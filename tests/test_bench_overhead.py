@@ -163,3 +163,27 @@ def test_raw_rounds_keep_at_most_their_slots_busy_when_asked() -> None:
     assert s["first_request_ms"] >= 4
     _raw(engine, timer, 16, 2)
     assert engine.most == 16  # without slots, all at once
+
+
+def test_raw_rounds_replay_another_paths_request_timing() -> None:
+    """``RequestTimes.timing`` gives each episode's first-request offset and its waits
+    between turns, earliest episode first; ``raw_round(timing=...)`` sends its requests
+    that late again, so the replayed round's timing reads back as what it replayed."""
+    pytest.importorskip("vllm")
+
+    engine = _TokenEngine(0.002)
+    timer = RequestTimes(engine)
+    # episode i: first request at 10 * (4 - i) ms, then 5 * i ms idle before each next turn
+    timing = [[0.01 * (4 - i), 0.005 * i, 0.005 * i] for i in range(4)]
+    _raw(engine, timer, 4, 3, timing=timing)
+    replayed = timer.timing()
+    assert len(replayed) == 4 and all(len(t) == 3 for t in replayed)
+    # earliest first: the episode that started at 10 ms (i = 3, 15 ms between turns) leads
+    expected = sorted(timing)
+    for got, want in zip(replayed, expected, strict=True):
+        for g, w in zip(got, want, strict=True):
+            assert w <= g < w + 0.008, (replayed, expected)
+    with pytest.raises(ValueError, match="alone"):
+        _raw(engine, timer, 4, 3, timing=timing, gap_s=0.01)
+    with pytest.raises(ValueError, match="3 delays for each of the 4"):
+        _raw(engine, timer, 4, 3, timing=timing[:3])
