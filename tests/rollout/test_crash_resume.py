@@ -6,6 +6,7 @@ export, resume and fork an episode that the kill left unfinished.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -75,7 +76,14 @@ def killed_run(tmp_path_factory: pytest.TempPathFactory, model_cache: Path) -> K
     checkpoints: dict[tuple[str, int], np.ndarray] = {}
     kills = []
     for attempt in range(3):
-        proc = subprocess.Popen(first if attempt == 0 else resume, env=env,
+        # The backstop: should the polls below miss (two fresh-clone CI runs saw every
+        # attempt finish all 64 episodes unkilled), the run kills itself at a random
+        # generation: in the first attempt late enough for its first checkpoints to be
+        # durable (each episode checkpoints after its first turn), in a resumed one soon
+        # (it starts with the killed one's). A first attempt has about 360 generations.
+        backstop = rng.randint(40, 250) if attempt == 0 else rng.randint(5, 60)
+        proc = subprocess.Popen(first if attempt == 0 else resume,
+                                env={**env, "AGENTRL_FAULTS": f"generation@{backstop}"},
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                 start_new_session=True)  # fmt: skip
         try:
@@ -103,8 +111,10 @@ def killed_run(tmp_path_factory: pytest.TempPathFactory, model_cache: Path) -> K
                         break
                 time.sleep(0.02)
         finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)  # the run and the vLLM processes it started
+            # the run and the vLLM processes it started (also after the backstop's kill,
+            # which takes the run's own process only)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=60)
         kills.append((attempt, ended(db), proc.returncode))
         with EpisodeStore.open(out, create=False) as store:
