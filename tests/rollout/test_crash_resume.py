@@ -80,7 +80,7 @@ def killed_run(tmp_path_factory: pytest.TempPathFactory, model_cache: Path) -> K
         # attempt finish all 64 episodes unkilled), the run kills itself at a random
         # generation: in the first attempt late enough for its first checkpoints to be
         # durable (each episode checkpoints after its first turn), in a resumed one soon
-        # (it starts with the killed one's). A first attempt has about 360 generations.
+        # (it starts with the killed one's). A first attempt has about 450 generations.
         backstop = rng.randint(40, 250) if attempt == 0 else rng.randint(5, 60)
         proc = subprocess.Popen(first if attempt == 0 else resume,
                                 env={**env, "AGENTRL_FAULTS": f"generation@{backstop}"},
