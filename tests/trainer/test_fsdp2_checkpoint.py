@@ -10,9 +10,9 @@ publishes.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,14 +23,14 @@ from agentrl.config import LoraConfig, LossConfig, TrainerConfig
 from agentrl.inference.server import free_port
 from agentrl.trainer.trainer import Trainer
 from tests.trainer.test_checkpoint import synthetic_groups
-from tests.trainer.test_distributed_cpu import _accelerator
+from tests.trainer.test_distributed_cpu import _accelerator, leave_group
 
 # In `make soak`, not `make test`: now and then a spawned rank died in std::terminate
 # (SIGABRT, "terminate called without an active exception"), in a fresh-clone run of the
 # whole suite and once in 16 runs of this file. Its stacks (faulthandler, on in each
 # rank) placed it at interpreter exit, after the rank's work, in a native thread: each
 # rank now leaves the process group with its peer (barrier, destroy) and then ends with
-# os._exit (see the end of _rank).
+# os._exit (`leave_group`, shared with test_distributed_cpu.py).
 pytestmark = pytest.mark.soak
 
 FULL = TrainerConfig(lr=1e-2, micro_batch_tokens=24, loss=LossConfig("grpo"))
@@ -52,8 +52,6 @@ def _rank(rank: int, world: int, model: str, out: str, port: int, lora: bool,
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(world))  # fmt: skip
-    import faulthandler
-
     from agentrl.trainer.checkpoint import load_checkpoint
     from agentrl.trainer.distributed import follow
 
@@ -68,18 +66,7 @@ def _rank(rank: int, world: int, model: str, out: str, port: int, lora: bool,
         _lead(trainer, out, lora, start, steps)
     else:
         follow(trainer)
-    # Both ranks leave together and close the group: a rank that exits while gloo's
-    # threads still serve its peer can die in std::terminate (SIGABRT), as on a loaded
-    # CI machine.
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
-    # And no interpreter teardown: the SIGABRT seen in `make soak` on 2026-12-05 evening
-    # came after this rank's work (the run's end checkpoint was complete 50 ms before),
-    # from a native thread, with the main thread past its last Python frame: a libtorch
-    # thread still joinable when the process's static objects were destroyed.
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()
-    os._exit(0)
+    leave_group()  # with its peer, and without the interpreter's teardown
 
 
 def _lead(trainer: Trainer, out: str, lora: bool, start: str, steps: int) -> None:
