@@ -256,7 +256,11 @@ class EpisodeRunner(EnvCalls):
                     if len(conversation) >= max_len:
                         status, reason = "truncated", context_full(max_len)
                         break
-                    ep.turn_starts.append(self._turn_start(ep))
+                    start = self._turn_start(ep)
+                    # Once per turn: a checkpoint taken at the admission gate, before
+                    # the turn's first token, already holds this turn's start.
+                    if not ep.turn_starts or ep.turn_starts[-1] != start:
+                        ep.turn_starts.append(start)
                 text, finish = await self._sample(ep)
                 if finish == "length" and len(conversation) >= max_len:
                     status, reason = "truncated", context_full(max_len)

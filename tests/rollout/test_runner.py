@@ -220,3 +220,37 @@ async def test_restored_groups_beyond_the_bound_are_queued_and_new_puts_wait() -
     assert [g.task.task_id for g in got] == [g.task.task_id for g in restored[:4]]
     await asyncio.wait_for(late, 1.0)
     assert len(queue) == 2
+
+
+async def test_an_episode_resumed_from_its_gate_checkpoint_records_each_turn_once(
+    tokenizer,
+) -> None:
+    """A checkpoint taken while the episode waits at the admission gate (a weight
+    update) holds the start of the turn it is about to sample; resumed from it, the
+    episode must not record that turn's start a second time (replay and forks find a
+    turn by its start)."""
+    client = ScriptedClient(tokenizer, lambda p: "Guess: 50")
+    gate = asyncio.Event()
+    gate.set()
+    generate = client.generate
+
+    async def closing_the_gate(*args: Any) -> Any:
+        gate.clear()  # an update starts during the first generation: turn 2 waits
+        return await generate(*args)
+
+    client.generate = closing_the_gate  # type: ignore[method-assign]
+    config = RolloutConfig(max_turns=3)
+    runner = EpisodeRunner(client, tokenizer, config, admission=gate)
+    task = Task("t", "agentrl/GuessNumber-v0", 3)
+    episode = asyncio.create_task(runner.run(task, "e0"))
+    await asyncio.wait_for(runner.wait_parked({"e0"}), 30)
+    assert runner.parked == ("e0",)
+    at_gate = runner.snapshot("e0")
+    assert at_gate.turn == 1 and at_gate.turn_sampled == 0 and len(at_gate.turn_starts) == 2
+    client.generate = generate  # type: ignore[method-assign]
+    gate.set()
+    (uninterrupted,) = await episode
+    (resumed,) = await EpisodeRunner(client, tokenizer, config).resume(at_gate)
+    assert len(uninterrupted.turn_starts) == len(uninterrupted.turn_rewards) == 3
+    assert resumed.turn_starts == uninterrupted.turn_starts
+    assert resumed.token_ids.tolist() == uninterrupted.token_ids.tolist()
