@@ -254,3 +254,31 @@ async def test_an_episode_resumed_from_its_gate_checkpoint_records_each_turn_onc
     assert len(uninterrupted.turn_starts) == len(uninterrupted.turn_rewards) == 3
     assert resumed.turn_starts == uninterrupted.turn_starts
     assert resumed.token_ids.tolist() == uninterrupted.token_ids.tolist()
+
+
+async def test_each_turns_checkpoint_holds_the_episode_as_it_was_at_the_boundary(
+    tokenizer,
+) -> None:
+    """With ``checkpoint_interval_s = 0`` every turn boundary is checkpointed, and each
+    checkpoint holds the episode exactly as it was there (tokens, messages, turn starts,
+    env log, nothing of the next turn): resumed from the first, the episode ends as the
+    uninterrupted one did."""
+    client = ScriptedClient(tokenizer, lambda p: "Guess: 50")
+    snapshots: list[Any] = []
+    config = RolloutConfig(max_turns=4, checkpoint_interval_s=0)
+    runner = EpisodeRunner(client, tokenizer, config, checkpoint=snapshots.append)
+    (uninterrupted,) = await runner.run(Task("t", "agentrl/GuessNumber-v0", 3), "e0")
+    turns = len(uninterrupted.turn_rewards)
+    assert turns == 4 and len(snapshots) == turns, "a checkpoint at each boundary"
+    tokens = uninterrupted.token_ids.tolist()
+    for turn, snap in enumerate(snapshots, start=1):
+        (segment,) = snap.segments
+        assert snap.turn == turn and snap.turn_sampled == 0 and snap.version == 0
+        assert segment.token_ids.tolist() == tokens[: len(segment.token_ids)]
+        assert snap.turn_starts == uninterrupted.turn_starts[:turn]
+        assert snap.messages == uninterrupted.messages[: len(snap.messages)]
+        assert snap.rewards == uninterrupted.turn_rewards[:turn]
+        assert len(snap.env_log) == turn + 1  # the reset, then one step a turn
+    (resumed,) = await EpisodeRunner(client, tokenizer, config).resume(snapshots[0])
+    assert resumed.token_ids.tolist() == tokens
+    assert resumed.turn_starts == uninterrupted.turn_starts
