@@ -50,9 +50,10 @@ def leave_group() -> None:
     interpreter's teardown at all, can die in std::terminate (SIGABRT, "terminate called
     without an active exception"): faulthandler caught one in ``make soak`` at
     interpreter exit, after the rank's work, from a native thread (a libtorch thread
-    still joinable when the process's static objects were destroyed). Two CI runs
-    of this file's FSDP2 case had rank 1 die the same way with the barrier and the
-    destroy but no ``os._exit`` (nothing printed after loading the weights, which is
+    still joinable when the process's static objects were destroyed). This file's FSDP2
+    case died the same way in fresh-clone runs of the whole suite, the project's CI
+    among them: once before its ranks had the barrier and the destroy, twice after,
+    without ``os._exit`` (rank 1; nothing printed after loading the weights, which is
     also the last thing a rank prints when all goes well).
     """
     torch.distributed.barrier()
