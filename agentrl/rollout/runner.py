@@ -274,7 +274,8 @@ class EpisodeRunner(EnvCalls):
                 if ended is not None:
                     status, reason = ended
                     break
-                self._checkpoint(ep, t_start)
+                if conversation.turn < cfg.max_turns:  # else it ends now: the end supersedes
+                    self._checkpoint(ep, t_start)
         except EnvFailure as e:
             status, reason, failure = "failed", str(e), e.kind
         except ContextFull as e:

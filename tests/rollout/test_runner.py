@@ -259,17 +259,19 @@ async def test_an_episode_resumed_from_its_gate_checkpoint_records_each_turn_onc
 async def test_each_turns_checkpoint_holds_the_episode_as_it_was_at_the_boundary(
     tokenizer,
 ) -> None:
-    """With ``checkpoint_interval_s = 0`` every turn boundary is checkpointed, and each
-    checkpoint holds the episode exactly as it was there (tokens, messages, turn starts,
-    env log, nothing of the next turn): resumed from the first, the episode ends as the
-    uninterrupted one did."""
+    """With ``checkpoint_interval_s = 0`` every turn boundary the episode goes on from is
+    checkpointed (not the last, after which it ends at the turn limit: its end supersedes
+    a checkpoint there), and each checkpoint holds the episode exactly as it was there
+    (tokens, messages, turn starts, env log, nothing of the next turn): resumed from the
+    first, the episode ends as the uninterrupted one did."""
     client = ScriptedClient(tokenizer, lambda p: "Guess: 50")
     snapshots: list[Any] = []
     config = RolloutConfig(max_turns=4, checkpoint_interval_s=0)
     runner = EpisodeRunner(client, tokenizer, config, checkpoint=snapshots.append)
     (uninterrupted,) = await runner.run(Task("t", "agentrl/GuessNumber-v0", 3), "e0")
     turns = len(uninterrupted.turn_rewards)
-    assert turns == 4 and len(snapshots) == turns, "a checkpoint at each boundary"
+    assert uninterrupted.reason == "turn limit (4) reached"
+    assert turns == 4 and len(snapshots) == turns - 1, "a checkpoint at each boundary but the last"
     tokens = uninterrupted.token_ids.tolist()
     for turn, snap in enumerate(snapshots, start=1):
         (segment,) = snap.segments
