@@ -12,7 +12,7 @@ STAMP := $(VENV)/.agentrl-installed
 # The braces keep pip's exit status (pipefail) while grep may print nothing.
 QUIET_PIP := { grep -v "WARNING: Location '" || true; }
 
-.PHONY: help install demo demo-multiturn test soak bench ablation lint clean
+.PHONY: help install demo demo-multiturn test soak bench ablation lint clean docs
 
 help:
 	@echo "make demo     install, then teach a tiny model to use a calculator: SFT warm start + async RL"
@@ -22,6 +22,7 @@ help:
 	@echo "make bench    install, then run the benchmarks (about 10 minutes on 2 cores)"
 	@echo "make ablation install, then the off-policy corrections under forced staleness (about an hour)"
 	@echo "make lint     ruff, and the import layers (lint-imports)"
+	@echo "make docs     build the docs site into site/ (mkdocs --strict; reference pages from the code)"
 	@echo "make install  create $(VENV) with pinned versions (idempotent)"
 
 install: $(STAMP)
@@ -70,6 +71,11 @@ bench: install
 ablation: install
 	$(PY) benchmarks/bench_ablation.py
 
+# The docs site: sources in docs/, reference pages generated from the code at build time.
+docs: install
+	DISABLE_MKDOCS_2_WARNING=true $(VENV)/bin/mkdocs build --strict --site-dir site
+	@echo "docs: open site/index.html"
+
 lint: install
 	$(VENV)/bin/ruff check agentrl envs tools tests benchmarks examples
 	$(VENV)/bin/ruff format --check agentrl envs tools tests benchmarks examples
@@ -77,4 +83,4 @@ lint: install
 	$(VENV)/bin/lint-imports --no-cache
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .agentrl-logs
+	rm -rf $(VENV) .pytest_cache .ruff_cache .agentrl-logs site

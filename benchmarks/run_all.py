@@ -3,12 +3,13 @@
     python benchmarks/run_all.py            # about 10 minutes on 2 CPU cores
 
 Writes ``benchmarks/results/*.json`` (one per benchmark: machine, versions, settings,
-figures) and ``benchmarks/results/report.md`` (all tables), and prints the report.
+figures) and ``benchmarks/results/report.md``: the docs site's benchmarks page
+(``benchmarks/docs_page.py``: every result with its method, machine, commit and date),
+which it also prints. ``make docs`` builds the same page into the site.
 """
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
@@ -32,7 +33,8 @@ BENCHMARKS = [
 
 
 def main() -> int:
-    from benchmarks.common import RESULTS, machine
+    from benchmarks.common import RESULTS
+    from benchmarks.docs_page import page
 
     started = time.perf_counter()
     RESULTS.mkdir(exist_ok=True)
@@ -49,16 +51,9 @@ def main() -> int:
         if proc.returncode != 0:
             failed.append(name)
             print(f"   FAILED (exit {proc.returncode}); see {log}", flush=True)
-    info = machine()
-    parts = [f"## Benchmarks ({time.strftime('%Y-%m-%d')}, {info['cores']} cores: {info['cpu']}; "
-             f"torch {info['torch']}, vllm {info['vllm']}; commit {info['agentrl_commit']})",
-             "", "Command: `make bench` (`python benchmarks/run_all.py`), "
-             f"{time.perf_counter() - started:.0f} s in all."]  # fmt: skip
-    for name, _, _ in BENCHMARKS:
-        path = RESULTS / f"{name}.json"
-        if name not in failed and path.is_file():
-            parts += ["", json.loads(path.read_text())["markdown"]]
-    report = "\n".join(parts) + "\n"
+    print(f"== all done in {time.perf_counter() - started:.0f} s", flush=True)
+    # The docs site's benchmarks page, from every result file (this run's and older ones).
+    report = page()
     (RESULTS / "report.md").write_text(report)
     print("\n" + report, flush=True)
     return 1 if failed else 0
