@@ -46,7 +46,7 @@ $(STAMP): pyproject.toml
 	$(PY) -c "import vllm, torch, transformers, trl, peft, gymnasium, aiohttp; print('installed: torch', torch.__version__, '| vllm', vllm.__version__, '| transformers', transformers.__version__, '| trl', trl.__version__)"
 	@touch $(STAMP)
 
-# About 8 minutes on 2 CPU cores the first time (4 once the SFT warm start is cached).
+# Wall time on a 2-core machine: benchmarks/results/demo.json (the docs' benchmarks page).
 demo: install
 	$(PY) examples/calculator_agent/run.py
 

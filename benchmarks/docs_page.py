@@ -47,6 +47,27 @@ PEERS = {
 """What a peer publishes for the same measure, where one does (by benchmark name prefix)."""
 
 
+READING = {
+    "async_vs_sync": "On two cores async gains less than the overlap allows: generation slows "
+    "once the trainer runs beside it (vLLM's engine, the event loop and the trainer thread "
+    "share the cores). With the engine on its own device, max(generation, training) is the "
+    "bound async approaches.",
+    "overhead": "The paired ratio is each round's platform figure over the raw figure of the "
+    "same round (run back to back), with a 95% bootstrap interval; where the interval spans "
+    "the 0.95 target, that run cannot say which side it is on. The platform's figure "
+    "includes durable checkpoints and the chat-template rendering of every env reply.",
+    "concurrency": "Throughput rises until the engine saturates (`max_num_seqs`, 256); the "
+    "loop lag p99 is the figure that says whether one event loop keeps up with thousands "
+    "of episodes (target: under 50 ms at 4096).",
+    "ceiling": "An engine that answers at once: the most turns per second the rollout loop "
+    "itself can feed, on one loop and through worker processes. Compare the rows of one "
+    "run; these machines move by a third from run to run.",
+    "weight_update": "`resume` loses nothing: every sampled token is in a trajectory. The "
+    "maximum at 1 in flight is the first reload after the engine started.",
+}
+"""How to read a result (by benchmark name prefix): what the table cannot say by itself."""
+
+
 def _script(benchmark: str) -> Path | None:
     """The script that writes a result: the longest ``bench_*.py`` name its name starts with."""
     names = sorted((p.stem.removeprefix("bench_") for p in HERE.glob("bench_*.py")), key=len)
@@ -99,6 +120,9 @@ def section(name: str, result: dict[str, Any]) -> str:
     peer = next((text for key, text in PEERS.items() if name.startswith(key)), "")
     if peer:
         rows.append(("peers", peer))
+    reading = next((text for key, text in READING.items() if name.startswith(key)), "")
+    if reading:
+        rows.append(("how to read it", reading))
     if result.get("source"):
         rows.append(("how it was taken", result["source"]))
     table = ["| | |", "|---|---|", *(f"| {k} | {v.replace('|', '/')} |" for k, v in rows if v)]

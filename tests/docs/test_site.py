@@ -124,3 +124,15 @@ def test_docs_images_exist() -> None:
     for md in [ROOT / "README.md", *(ROOT / "docs").rglob("*.md")]:
         for target in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md.read_text()):
             assert (md.parent / target).is_file() or Path(target).is_absolute(), (md, target)
+
+
+def test_the_readme_config_loads(tmp_path: Path) -> None:
+    from agentrl.config import RunConfig
+
+    blocks = re.findall(r"```toml\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    assert blocks, "the README shows its training config"
+    (tmp_path / "add.toml").write_text(blocks[0])
+    config = RunConfig.load(tmp_path / "add.toml")
+    assert config.env.id == "me/Add-v0"
+    assert list(config.env.imports) == ["my_env.py"]
+    assert config.train.steps == 16
