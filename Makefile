@@ -73,7 +73,7 @@ ablation: install
 
 # The docs site: sources in docs/, reference pages generated from the code at build time.
 docs: install
-	DISABLE_MKDOCS_2_WARNING=true $(VENV)/bin/mkdocs build --strict --site-dir site
+	DISABLE_MKDOCS_2_WARNING=true NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 	@echo "docs: open site/index.html"
 
 lint: install

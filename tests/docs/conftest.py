@@ -49,6 +49,6 @@ def built_site(tmp_path_factory: pytest.TempPathFactory) -> BuiltSite:
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "DISABLE_MKDOCS_2_WARNING": "true"},
+        env={**os.environ, "DISABLE_MKDOCS_2_WARNING": "true", "NO_MKDOCS_2_WARNING": "1"},
     )
     return BuiltSite(out, proc.returncode, proc.stdout + proc.stderr)
