@@ -11,7 +11,7 @@ it. Measured with ``/proc/<tid>/schedstat`` (2 cores, tiny model, 64 episodes x 
 21 rounds each; the worker's time runnable but not running, a round): 25 ms under raw
 ``AsyncLLM`` and 65 ms under the platform with the store, 6-11 ms for both with the
 client kept off core 0, which took the platform from 0.912 to 0.948-0.955 of raw vLLM
-(README, "Platform overhead against raw vLLM").
+(the overhead benchmark, ``benchmarks/bench_overhead.py``).
 
 So once an engine is up, :func:`keep_off` narrows every thread of this process to the
 other cores; threads started later inherit it from the thread that starts them. It does

@@ -10,11 +10,10 @@
 How an evaluation beside training shares the engine: its episodes are requests to the
 same inference client as the training episodes, up to ``rollout.concurrency`` more at
 once, batched by the engine with them. While they run they take slots and compute from
-training generation (README, "Evaluation during training", has the cost measured on a
-tiny run), and they pass the training runner's admission gate: a weight update parks
-them like training episodes, and they continue under the new weights. So an evaluation
-started after step N samples with version N first and may end on a newer one
-(``version_last`` in its row).
+training generation (docs/guides/evaluate.md), and they pass the training runner's
+admission gate: a weight update parks them like training episodes, and they continue
+under the new weights. So an evaluation started after step N samples with version N
+first and may end on a newer one (``version_last`` in its row).
 Its episodes go to no store and are never trained on.
 
 Owns no config and writes nothing: the caller records each row (``agentrl.run``: the

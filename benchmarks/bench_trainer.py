@@ -16,7 +16,7 @@ under ``$AGENTRL_CACHE/models`` (``~/.cache/agentrl/models`` by default; 2 GB fo
     python benchmarks/bench_trainer.py --device cuda --shape 1.5b --case 8x16k
 
 On an H200 (2026-12-04) the first took 2 minutes for the six modes before compile, fp32 being the
-slow one; results in ``benchmarks/results/trainer_cuda_*.json`` and the README. Add
+slow one; results in ``benchmarks/results/trainer_cuda_*.json`` (the docs' benchmarks page). Add
 ``--modes bf16,bf16+packed+chunked+compile+ckpt`` etc. to run a subset,
 ``--micro-batch-tokens`` for another budget (the result file then says it: ``_mb32768``),
 ``--steps`` for more timed steps.

@@ -50,7 +50,7 @@ class ToolFormat:
     name: str
     """The vLLM tool-parser name (``vllm serve --tool-call-parser NAME``)."""
     families: str
-    """Model families that write it (for reports and the README table)."""
+    """Model families that write it (for reports and the model-families table of the docs)."""
     syntax: Syntax
     shape: str
     """What one call must look like, for the error message the model reads."""

@@ -1,9 +1,9 @@
 """The config reference: every key with its default and its one-line doc, as TOML.
 
-``agentrl config --defaults`` prints :func:`defaults_toml`; ``docs/config.md`` is the
-same text, and a test checks that it is current. The docs are the strings written under
-each field in :mod:`agentrl.config.sections` (read from the source with :mod:`ast`, so
-the classes stay plain dataclasses).
+``agentrl config --defaults`` prints :func:`defaults_toml`; the docs site's reference is
+built from the same tree (``scripts/gen_ref_pages.py``, ``tests/docs/test_reference.py``).
+The docs are the strings written under each field in :mod:`agentrl.config.sections`
+(read from the source with :mod:`ast`, so the classes stay plain dataclasses).
 """
 
 from __future__ import annotations
