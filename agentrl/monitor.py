@@ -165,16 +165,17 @@ def headline(status: Mapping[str, Any]) -> list[tuple[str, str]]:
     t = status.get("time", {})
     wall = max(t.get("wall_s", 0.0), 1e-9)
     errors = status.get("errors", {})
+    tool_use = _tool_use(status.get("tools", True), status.get("tool_use_rate"), ".1%")
     return [
         ("state", str(status.get("state", "?"))),
         ("step", f"{status.get('step', 0)}/{status.get('steps', '?')}  "
                  f"(version {status.get('version', 0)})"),
         ("reward", f"{_fmt(status.get('reward_mean'))}  success "
-                   f"{_fmt(status.get('success_rate'), '.1%')}  tool use "
-                   f"{_fmt(status.get('tool_use_rate'), '.1%')}"),
+                   f"{_fmt(status.get('success_rate'), '.1%')}{tool_use}"),
         ("tokens/s", _fmt(status.get("tokens_per_s"), ",.0f")),
-        ("staleness", f"mean {_fmt(status.get('staleness_mean'), '.2f')}  "
-                      f"max {_fmt(status.get('staleness_max'), '.0f')}"),
+        *([("staleness", f"mean {_fmt(status.get('staleness_mean'), '.2f')}  "
+                         f"max {_fmt(status.get('staleness_max'), '.0f')}")]
+          if _async(status) else []),
         ("queue", f"{status.get('queue_depth', 0)} groups  |  in flight "
                   f"{status.get('in_flight', 0)} episodes"),
         ("errors", ", ".join(f"{k} {v}" for k, v in sorted(errors.items())) or "none"),
@@ -183,6 +184,16 @@ def headline(status: Mapping[str, Any]) -> list[tuple[str, str]]:
                  f"{t.get('publish_s', 0.0) / wall:.0%}  of {wall:.0f} s"),
         *_servers(status.get("servers") or []),
     ]  # fmt: skip
+
+
+def _tool_use(tools: bool, rate: Any, spec: str) -> str:
+    """``"  tool use N%"``, or nothing for an env without tools (status ``tools``)."""
+    return f"  tool use {_fmt(rate, spec)}" if tools else ""
+
+
+def _async(status: Mapping[str, Any]) -> bool:
+    """Whether staleness applies: not in ``train.mode = "sync"``, where it is always 0."""
+    return status.get("mode") != "sync"
 
 
 def _servers(servers: list[Mapping[str, Any]]) -> list[tuple[str, str]]:
@@ -210,7 +221,7 @@ def render(status: Mapping[str, Any], *, episodes: bool = True, limit: int = 30)
     for label, value in headline(status):
         head.add_row(label, value)
     for label, ev in (status.get("eval") or {}).items():
-        head.add_row(f"eval {label}", eval_cell(ev))
+        head.add_row(f"eval {label}", eval_cell(ev, tools=status.get("tools", True)))
     running = status.get("eval_running")
     if running:
         head.add_row(
@@ -242,14 +253,16 @@ def render(status: Mapping[str, Any], *, episodes: bool = True, limit: int = 30)
     return RichGroup(*parts)
 
 
-def eval_cell(ev: Mapping[str, Any]) -> str:
-    """An evaluation's row (``status.json``'s ``eval``) in a few words."""
+def eval_cell(ev: Mapping[str, Any], *, tools: bool = True) -> str:
+    """An evaluation's row (``status.json``'s ``eval``) in a few words (``tools``:
+    whether the env has tools; tool use is shown only then)."""
     k = int(ev.get("k", 1))
     pass_k = f"  pass@{k} {_fmt(ev.get(f'pass@{k}'), '.1%')}" if k > 1 else ""
     return (
-        f"success {_fmt(ev.get('success_rate'), '.1%')}{pass_k}  tool use "
-        f"{_fmt(ev.get('tool_use_rate'), '.1%')}  ({ev.get('episodes', 0)} episodes, "
-        f"step {ev.get('step', '?')}, version {ev.get('version', '?')})"
+        f"success {_fmt(ev.get('success_rate'), '.1%')}{pass_k}"
+        + _tool_use(tools, ev.get("tool_use_rate"), ".1%")
+        + f"  ({ev.get('episodes', 0)} episodes, step {ev.get('step', '?')}, "
+        f"version {ev.get('version', '?')})"
     )
 
 
@@ -259,10 +272,11 @@ def plain_line(status: Mapping[str, Any]) -> str:
     return (
         f"step {status.get('step', 0)}/{status.get('steps', '?')}  "
         f"reward {_fmt(status.get('reward_mean'))}  success "
-        f"{_fmt(status.get('success_rate'), '.0%')}  tool use "
-        f"{_fmt(status.get('tool_use_rate'), '.0%')}  "
-        f"{_fmt(status.get('tokens_per_s'), ',.0f')} tok/s  staleness "
-        f"{_fmt(status.get('staleness_mean'), '.2f')}  queue {status.get('queue_depth', 0)}  "
+        f"{_fmt(status.get('success_rate'), '.0%')}"
+        + _tool_use(status.get("tools", True), status.get("tool_use_rate"), ".0%")
+        + f"  {_fmt(status.get('tokens_per_s'), ',.0f')} tok/s"
+        + (f"  staleness {_fmt(status.get('staleness_mean'), '.2f')}" if _async(status) else "")
+        + f"  queue {status.get('queue_depth', 0)}  "
         f"in flight {status.get('in_flight', 0)}  errors "
         f"{sum(status.get('errors', {}).values())}  gen/train "
         f"{t.get('generation_s', 0.0):.0f}s/{t.get('training_s', 0.0):.0f}s"
