@@ -70,13 +70,14 @@ def test_engine_stderr_follows_vllms_logging(
     assert capfd.readouterr().err == "no folder\nloud\n"
 
 
-def _demo(tmp_path: Path, model_cache: Path, *flags: str) -> str:
+def _demo(cwd: Path, model_cache: Path, *flags: str) -> str:
+    cwd.mkdir()
     path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, "AGENTRL_CACHE": str(model_cache), "PYTHONPATH": path}
     env.pop("VLLM_CONFIGURE_LOGGING", None)  # as in a user's shell (conftest sets it)
     out = subprocess.run(
         [sys.executable, "-m", "agentrl.cli", *flags, "demo", "--max-tokens", "4"],
-        capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path,
+        capture_output=True, text=True, timeout=600, env=env, cwd=cwd,
     )  # fmt: skip
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     assert "12 tokens in" in out.stdout, out.stdout  # three answers of 4 tokens
