@@ -39,6 +39,7 @@ from agentrl.lifecycle import ensure_reaper
 from agentrl.models import resolve_model
 
 if TYPE_CHECKING:
+    from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
 logger = logging.getLogger(__name__)
@@ -322,7 +323,7 @@ class VLLMEngineClient(VLLMClientBase):
 
 
 def _engine_args(model_path: str, config: InferenceConfig, seed: int | None,
-                 max_lora_rank: int | None) -> Any:  # fmt: skip
+                 max_lora_rank: int | None) -> AsyncEngineArgs:  # fmt: skip
     """vLLM's ``AsyncEngineArgs`` for ``config`` (imports vLLM)."""
     from vllm.engine.arg_utils import AsyncEngineArgs
 
@@ -355,7 +356,7 @@ def _engine_args(model_path: str, config: InferenceConfig, seed: int | None,
     )
 
 
-async def _build(args: Any, config: InferenceConfig, model_path: str,
+async def _build(args: AsyncEngineArgs, config: InferenceConfig, model_path: str,
                  log: Path | None) -> AsyncLLM:  # fmt: skip
     """``AsyncLLM.from_engine_args(args)`` in a thread, under ``startup_timeout_s``
     (``log``: where the engine's processes print, named in the error)."""
