@@ -230,27 +230,35 @@ def render(status: Mapping[str, Any], *, episodes: bool = True, limit: int = 30)
         )
     parts: list[Any] = [f"[bold]{title}[/]  {status.get('run_dir', '')}", head]
     if episodes:
-        live = list(status.get("episodes", []))
-        table = Table(title=f"in-flight episodes ({len(live)})", title_justify="left",
-                      show_edge=False, pad_edge=False)  # fmt: skip
-        for col in ("episode", "env", "turn", "age (versions)", "tokens by version", "tools",
-                    "waiting on", "age"):  # fmt: skip
-            table.add_column(col, justify="right" if col in ("turn", "tools", "age") else "left")
-        version = int(status.get("version", 0))
-        for ep in sorted(live, key=lambda e: e.get("started_version", 0))[:limit]:
-            by_version = ep.get("tokens_by_version", {})
-            table.add_row(
-                str(ep.get("episode", "")), str(ep.get("env", "")), str(ep.get("turn", 0)),
-                str(version - int(ep.get("started_version", 0))),
-                " ".join(f"v{k}:{v}" for k, v in sorted(by_version.items(), key=lambda kv:
-                                                         int(kv[0]))) or "-",
-                str(ep.get("tool_calls", 0)), str(ep.get("phase", "")),
-                f"{ep.get('age_s', 0.0):.1f}s",
-            )  # fmt: skip
-        if len(live) > limit:
-            table.caption = f"... and {len(live) - limit} more"
-        parts.append(table)
+        parts.append(_episodes_table(status, limit))
     return RichGroup(*parts)
+
+
+def _episodes_table(status: Mapping[str, Any], limit: int) -> Any:
+    """The in-flight episodes, oldest version first (a tools column only with tools)."""
+    from rich.table import Table
+
+    tools = status.get("tools", True)
+    live = list(status.get("episodes", []))
+    table = Table(title=f"in-flight episodes ({len(live)})", title_justify="left",
+                  show_edge=False, pad_edge=False)  # fmt: skip
+    for col in ("episode", "env", "turn", "age (versions)", "tokens by version",
+                *(["tools"] if tools else []), "waiting on", "age"):  # fmt: skip
+        table.add_column(col, justify="right" if col in ("turn", "tools", "age") else "left")
+    version = int(status.get("version", 0))
+    for ep in sorted(live, key=lambda e: e.get("started_version", 0))[:limit]:
+        by_version = ep.get("tokens_by_version", {})
+        table.add_row(
+            str(ep.get("episode", "")), str(ep.get("env", "")), str(ep.get("turn", 0)),
+            str(version - int(ep.get("started_version", 0))),
+            " ".join(f"v{k}:{v}" for k, v in sorted(by_version.items(), key=lambda kv:
+                                                     int(kv[0]))) or "-",
+            *([str(ep.get("tool_calls", 0))] if tools else []), str(ep.get("phase", "")),
+            f"{ep.get('age_s', 0.0):.1f}s",
+        )  # fmt: skip
+    if len(live) > limit:
+        table.caption = f"... and {len(live) - limit} more"
+    return table
 
 
 def eval_cell(ev: Mapping[str, Any], *, tools: bool = True) -> str:

@@ -18,7 +18,10 @@ def _status(*, tools: bool, mode: str) -> dict[str, Any]:
         "name": "r", "state": "finished", "step": 3, "steps": 3, "version": 3,
         "reward_mean": 0.5, "success_rate": 0.5, "tool_use_rate": 0.0,
         "tokens_per_s": 100.0, "staleness_mean": 0.0, "staleness_max": 0,
-        "tools": tools, "mode": mode, "eval": {"before": EVAL}, "episodes": [],
+        "tools": tools, "mode": mode, "eval": {"before": EVAL},
+        "episodes": [{"episode": "E#1/0", "env": "agentrl/X-v0", "turn": 2, "phase": "engine",
+                      "started_version": 3, "tokens_by_version": {"3": 12}, "tool_calls": 7,
+                      "age_s": 1.5}],
     }  # fmt: skip
 
 
@@ -47,9 +50,11 @@ def test_top_shows_only_the_metrics_that_apply(
     write_status(tmp_path, _status(tools=False, mode="sync"))
     assert top(tmp_path, once=True) == 0
     view = capsys.readouterr().out
-    assert "success 50.0%" in view and "eval before" in view
-    assert "tool use" not in view and "staleness" not in view
+    assert "success 50.0%" in view and "eval before" in view and "v3:12" in view
+    assert "tool use" not in view and "staleness" not in view and "tools" not in view
     write_status(tmp_path, _status(tools=True, mode="async"))
     assert top(tmp_path, once=True) == 0
     view = capsys.readouterr().out
     assert view.count("tool use 0.0%") == 2 and "staleness" in view  # the step's and the eval's
+    row = next(line for line in view.splitlines() if "E#1/0" in line)
+    assert "tools" in view and " 7 " in row  # the episode's tool calls
