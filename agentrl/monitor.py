@@ -165,16 +165,17 @@ def headline(status: Mapping[str, Any]) -> list[tuple[str, str]]:
     t = status.get("time", {})
     wall = max(t.get("wall_s", 0.0), 1e-9)
     errors = status.get("errors", {})
+    tool_use = _tool_use(status.get("tools", True), status.get("tool_use_rate"), ".1%")
     return [
         ("state", str(status.get("state", "?"))),
         ("step", f"{status.get('step', 0)}/{status.get('steps', '?')}  "
                  f"(version {status.get('version', 0)})"),
         ("reward", f"{_fmt(status.get('reward_mean'))}  success "
-                   f"{_fmt(status.get('success_rate'), '.1%')}  tool use "
-                   f"{_fmt(status.get('tool_use_rate'), '.1%')}"),
+                   f"{_fmt(status.get('success_rate'), '.1%')}{tool_use}"),
         ("tokens/s", _fmt(status.get("tokens_per_s"), ",.0f")),
-        ("staleness", f"mean {_fmt(status.get('staleness_mean'), '.2f')}  "
-                      f"max {_fmt(status.get('staleness_max'), '.0f')}"),
+        *([("staleness", f"mean {_fmt(status.get('staleness_mean'), '.2f')}  "
+                         f"max {_fmt(status.get('staleness_max'), '.0f')}")]
+          if _async(status) else []),
         ("queue", f"{status.get('queue_depth', 0)} groups  |  in flight "
                   f"{status.get('in_flight', 0)} episodes"),
         ("errors", ", ".join(f"{k} {v}" for k, v in sorted(errors.items())) or "none"),
@@ -183,6 +184,16 @@ def headline(status: Mapping[str, Any]) -> list[tuple[str, str]]:
                  f"{t.get('publish_s', 0.0) / wall:.0%}  of {wall:.0f} s"),
         *_servers(status.get("servers") or []),
     ]  # fmt: skip
+
+
+def _tool_use(tools: bool, rate: Any, spec: str) -> str:
+    """``"  tool use N%"``, or nothing for an env without tools (status ``tools``)."""
+    return f"  tool use {_fmt(rate, spec)}" if tools else ""
+
+
+def _async(status: Mapping[str, Any]) -> bool:
+    """Whether staleness applies: not in ``train.mode = "sync"``, where it is always 0."""
+    return status.get("mode") != "sync"
 
 
 def _servers(servers: list[Mapping[str, Any]]) -> list[tuple[str, str]]:
@@ -210,7 +221,7 @@ def render(status: Mapping[str, Any], *, episodes: bool = True, limit: int = 30)
     for label, value in headline(status):
         head.add_row(label, value)
     for label, ev in (status.get("eval") or {}).items():
-        head.add_row(f"eval {label}", eval_cell(ev))
+        head.add_row(f"eval {label}", eval_cell(ev, tools=status.get("tools", True)))
     running = status.get("eval_running")
     if running:
         head.add_row(
@@ -219,37 +230,47 @@ def render(status: Mapping[str, Any], *, episodes: bool = True, limit: int = 30)
         )
     parts: list[Any] = [f"[bold]{title}[/]  {status.get('run_dir', '')}", head]
     if episodes:
-        live = list(status.get("episodes", []))
-        table = Table(title=f"in-flight episodes ({len(live)})", title_justify="left",
-                      show_edge=False, pad_edge=False)  # fmt: skip
-        for col in ("episode", "env", "turn", "age (versions)", "tokens by version", "tools",
-                    "waiting on", "age"):  # fmt: skip
-            table.add_column(col, justify="right" if col in ("turn", "tools", "age") else "left")
-        version = int(status.get("version", 0))
-        for ep in sorted(live, key=lambda e: e.get("started_version", 0))[:limit]:
-            by_version = ep.get("tokens_by_version", {})
-            table.add_row(
-                str(ep.get("episode", "")), str(ep.get("env", "")), str(ep.get("turn", 0)),
-                str(version - int(ep.get("started_version", 0))),
-                " ".join(f"v{k}:{v}" for k, v in sorted(by_version.items(), key=lambda kv:
-                                                         int(kv[0]))) or "-",
-                str(ep.get("tool_calls", 0)), str(ep.get("phase", "")),
-                f"{ep.get('age_s', 0.0):.1f}s",
-            )  # fmt: skip
-        if len(live) > limit:
-            table.caption = f"... and {len(live) - limit} more"
-        parts.append(table)
+        parts.append(_episodes_table(status, limit))
     return RichGroup(*parts)
 
 
-def eval_cell(ev: Mapping[str, Any]) -> str:
-    """An evaluation's row (``status.json``'s ``eval``) in a few words."""
+def _episodes_table(status: Mapping[str, Any], limit: int) -> Any:
+    """The in-flight episodes, oldest version first (a tools column only with tools)."""
+    from rich.table import Table
+
+    tools = status.get("tools", True)
+    live = list(status.get("episodes", []))
+    table = Table(title=f"in-flight episodes ({len(live)})", title_justify="left",
+                  show_edge=False, pad_edge=False)  # fmt: skip
+    for col in ("episode", "env", "turn", "age (versions)", "tokens by version",
+                *(["tools"] if tools else []), "waiting on", "age"):  # fmt: skip
+        table.add_column(col, justify="right" if col in ("turn", "tools", "age") else "left")
+    version = int(status.get("version", 0))
+    for ep in sorted(live, key=lambda e: e.get("started_version", 0))[:limit]:
+        by_version = ep.get("tokens_by_version", {})
+        table.add_row(
+            str(ep.get("episode", "")), str(ep.get("env", "")), str(ep.get("turn", 0)),
+            str(version - int(ep.get("started_version", 0))),
+            " ".join(f"v{k}:{v}" for k, v in sorted(by_version.items(), key=lambda kv:
+                                                     int(kv[0]))) or "-",
+            *([str(ep.get("tool_calls", 0))] if tools else []), str(ep.get("phase", "")),
+            f"{ep.get('age_s', 0.0):.1f}s",
+        )  # fmt: skip
+    if len(live) > limit:
+        table.caption = f"... and {len(live) - limit} more"
+    return table
+
+
+def eval_cell(ev: Mapping[str, Any], *, tools: bool = True) -> str:
+    """An evaluation's row (``status.json``'s ``eval``) in a few words (``tools``:
+    whether the env has tools; tool use is shown only then)."""
     k = int(ev.get("k", 1))
     pass_k = f"  pass@{k} {_fmt(ev.get(f'pass@{k}'), '.1%')}" if k > 1 else ""
     return (
-        f"success {_fmt(ev.get('success_rate'), '.1%')}{pass_k}  tool use "
-        f"{_fmt(ev.get('tool_use_rate'), '.1%')}  ({ev.get('episodes', 0)} episodes, "
-        f"step {ev.get('step', '?')}, version {ev.get('version', '?')})"
+        f"success {_fmt(ev.get('success_rate'), '.1%')}{pass_k}"
+        + _tool_use(tools, ev.get("tool_use_rate"), ".1%")
+        + f"  ({ev.get('episodes', 0)} episodes, step {ev.get('step', '?')}, "
+        f"version {ev.get('version', '?')})"
     )
 
 
@@ -259,10 +280,11 @@ def plain_line(status: Mapping[str, Any]) -> str:
     return (
         f"step {status.get('step', 0)}/{status.get('steps', '?')}  "
         f"reward {_fmt(status.get('reward_mean'))}  success "
-        f"{_fmt(status.get('success_rate'), '.0%')}  tool use "
-        f"{_fmt(status.get('tool_use_rate'), '.0%')}  "
-        f"{_fmt(status.get('tokens_per_s'), ',.0f')} tok/s  staleness "
-        f"{_fmt(status.get('staleness_mean'), '.2f')}  queue {status.get('queue_depth', 0)}  "
+        f"{_fmt(status.get('success_rate'), '.0%')}"
+        + _tool_use(status.get("tools", True), status.get("tool_use_rate"), ".0%")
+        + f"  {_fmt(status.get('tokens_per_s'), ',.0f')} tok/s"
+        + (f"  staleness {_fmt(status.get('staleness_mean'), '.2f')}" if _async(status) else "")
+        + f"  queue {status.get('queue_depth', 0)}  "
         f"in flight {status.get('in_flight', 0)}  errors "
         f"{sum(status.get('errors', {}).values())}  gen/train "
         f"{t.get('generation_s', 0.0):.0f}s/{t.get('training_s', 0.0):.0f}s"

@@ -466,7 +466,7 @@ async def _evaluate(out: _RunOutput, client: InferenceClient, trainer: Trainer, 
                              admission=admission, make=out.make)  # fmt: skip
     out.status.evaluated(summary)
     out.log.log(step, summary, kind="eval")
-    out.reporter.say(eval_line(summary))
+    out.reporter.say(eval_line(summary, tools=out.status.tools))
     return summary
 
 
@@ -527,7 +527,7 @@ async def _start_inference(cfg: RunConfig, model_path: str, log_dir: Path,
 
     i = cfg.inference
     if i.mode != "server":
-        engine = await VLLMEngineClient.start(model_path, i, seed=cfg.run.seed,
+        engine = await VLLMEngineClient.start(model_path, i, seed=cfg.run.seed, log_dir=log_dir,
                                               max_lora_rank=lora_rank(cfg))  # fmt: skip
         return await stack.enter_async_context(engine), None
     urls, managed = list(i.servers), {}

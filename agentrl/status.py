@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import logging
 import os
 import sys
 import time
@@ -26,8 +27,10 @@ from typing import TYPE_CHECKING, Any
 
 from agentrl.monitor import render, write_status
 
+logger = logging.getLogger(__name__)
+
 if TYPE_CHECKING:
-    from agentrl.config import RunConfig
+    from agentrl.config import EnvConfig, RunConfig
     from agentrl.inference import ServerPool
     from agentrl.metrics import Metrics
     from agentrl.queue import TrajectoryQueue
@@ -60,6 +63,8 @@ class RunStatus:
         self.state = "starting"
         self.generation_s = 0.0
         """Seconds with an episode waiting on the engine (sampled every 50 ms)."""
+        self.tools = env_offers_tools(config.env)
+        """Whether the env gives the model tools (without: tool use is not shown)."""
         self.status: dict[str, Any] = {}
         """The last snapshot taken."""
         self.last: dict[str, Any] = {}
@@ -118,6 +123,7 @@ class RunStatus:
         return {
             "name": self.config.run.name, "run_dir": str(self.run_dir), "pid": os.getpid(),
             "state": self.state, "updated_at": time.time(),
+            "tools": self.tools, "mode": self.config.train.mode,
             "step": trainer.step if trainer is not None else 0,
             "steps": self.config.train.steps,
             "version": trainer.version if trainer is not None else 0,
@@ -259,15 +265,36 @@ def _turns_to_solve(trajectories: Sequence[Trajectory], success_reward: float) -
     return _mean(solved)
 
 
-def eval_line(summary: Mapping[str, Any]) -> str:
-    """One line for an evaluation (see :func:`agentrl.periodic_eval.evaluate`)."""
+def eval_line(summary: Mapping[str, Any], *, tools: bool = True) -> str:
+    """One line for an evaluation (see :func:`agentrl.periodic_eval.evaluate`);
+    ``tools``: whether the env has tools (tool use is shown only then)."""
     ev = summary
     k = ev.get("k", 1)
     at = f"step {ev['step']}, " if ev["label"] == "during" else ""
     scores = f", pass@{k} {ev[f'pass@{k}']:.1%}" if k > 1 else ""
+    tool_use = f", tool use {ev['tool_use_rate']:.1%}" if tools else ""
     return (f"eval {ev['label']} ({at}version {ev['version']}, {ev['episodes']} held-out "
-            f"episodes): success {ev['success_rate']:.1%}{scores}, tool use "
-            f"{ev['tool_use_rate']:.1%}, mean reward {ev['reward_mean']:.3f}")  # fmt: skip
+            f"episodes): success {ev['success_rate']:.1%}{scores}{tool_use}, mean reward "
+            f"{ev['reward_mean']:.3f}")  # fmt: skip
+
+
+def env_offers_tools(env: EnvConfig) -> bool:
+    """Whether the run's env gives the model tools: one env is made and closed to see
+    (as the tool-call check at start does). Env servers, and an env that cannot be made
+    here, count as having tools: what is not known is shown."""
+    if env.remote:
+        return True
+    from agentrl.env import make_env
+
+    try:
+        made = make_env(env.id, **env.kwargs)
+    except Exception as e:  # the run itself reports it, at the env's first episode
+        logger.debug("tools of %s not known: %s: %s", env.id, type(e).__name__, e)
+        return True
+    try:
+        return bool(getattr(made.unwrapped, "tools", ()))
+    finally:
+        made.close()
 
 
 def _mean(values: list[Any]) -> float:

@@ -128,7 +128,9 @@ atexit.register(_quiet_teardown)
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="agentrl", description=__doc__.splitlines()[0])
-    parser.add_argument("-v", "--verbose", action="store_true", help="show vLLM's logs")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="show vLLM's logs and what its processes print as they start "
+                             "(otherwise in the run's logs/vllm-engine.log)")  # fmt: skip
     commands = parser.add_subparsers(dest="command", required=True)
     for command in COMMANDS.values():
         command.add_parser(commands)
@@ -136,7 +138,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def quiet_vllm() -> None:
-    """Show only vLLM's errors (call before vLLM is imported)."""
+    """Show only vLLM's errors (call before vLLM is imported); an engine started after
+    it writes its processes' start-up output to its log (agentrl.inference.quiet)."""
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     # vLLM then installs its own handler at that level, also in its engine process
     # (unconfigured, its warnings would reach stderr through Python's last resort).

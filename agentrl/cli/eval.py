@@ -168,29 +168,34 @@ def _stoppable(job: RolloutJob, *, resume: bool) -> int:
     except KeyboardInterrupt as e:
         print(f"{e if isinstance(e, Stopped) else 'interrupted'}; {hint}", file=sys.stderr)
         return e.exit_code if isinstance(e, Stopped) else 130
-    _print_report(report, job.out_dir)
+    from agentrl.status import env_offers_tools
+
+    _print_report(report, job.out_dir, tools=env_offers_tools(job.config.env))
     return 0
 
 
-def _print_report(report: EvalReport, out: Path) -> None:
+def _print_report(report: EvalReport, out: Path, *, tools: bool = True) -> None:
+    """The table and summary lines (``tools``: the env has tools; tool use only then)."""
     from rich.console import Console
     from rich.table import Table
 
     ks = [k for k in report.summary() if k.startswith("pass@")]
     table = Table(title=f"{report.env_id}: {len(report.tasks)} tasks × {report.k} samples")
-    for column in ("seed", "ok/n", *ks, "reward", "tools", "turns", "tokens"):
+    for column in ("seed", "ok/n", *ks, "reward", *(["tools"] if tools else []), "turns",
+                   "tokens"):  # fmt: skip
         table.add_column(column, justify="right", no_wrap=True)
     for t in report.tasks:
         seed = str(t.seed if t.seed is not None else t.task_id)
         table.add_row(seed, f"{t.successes}/{t.samples}",
                       *[_fmt(t.pass_at.get(int(k[5:]), math.nan)) for k in ks],
-                      f"{t.reward_mean:.3f}", f"{t.tool_use_rate:.0%}", f"{t.turns_mean:.1f}",
-                      f"{t.tokens_mean:.0f}")  # fmt: skip
+                      f"{t.reward_mean:.3f}", *([f"{t.tool_use_rate:.0%}"] if tools else []),
+                      f"{t.turns_mean:.1f}", f"{t.tokens_mean:.0f}")  # fmt: skip
     Console().print(table)
     s = report.summary()
     head = ", ".join(f"{k} {s[k]:.3f}" for k in (*ks, f"avg@{report.k}"))
     print(f"{report.model} on {report.env_id} ({report.episodes} episodes): {head}")
-    print(f"mean reward {s['reward_mean']:.3f}, tool use {s['tool_use_rate']:.1%}, "
+    tool_use = f"tool use {s['tool_use_rate']:.1%}, " if tools else ""
+    print(f"mean reward {s['reward_mean']:.3f}, {tool_use}"
           f"{s['turns_per_episode']:.2f} turns and {s['tokens_per_episode']:.1f} sampled "
           f"tokens per episode, {s['failed']:.0f} failed; "
           f"written to {out / 'results.json'}")  # fmt: skip

@@ -5,7 +5,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
+from pathlib import Path
 
+LOG_DIR = Path(".agentrl-logs")
+"""Where the demo's vLLM writes what it prints (the server's output; the engine's
+without ``-v``)."""
 DEMO_QUESTIONS = ("What is 47 * 38?", "What is 512 + 89?", "What is 903 - 417?")
 CALCULATOR_SCHEMA = {
     "type": "function",
@@ -91,12 +95,12 @@ async def _demo(model: str, via_server: bool, max_tokens: int) -> None:
               f"so its text is noise.")  # fmt: skip
 
     if via_server:
-        async with await VLLMServer.start(path, config, log_dir=".agentrl-logs") as server:
+        async with await VLLMServer.start(path, config, log_dir=LOG_DIR) as server:
             print(f"vllm serve pid {server.pid} at {server.url}", flush=True)
             async with VLLMServerClient(server.url, config) as client:
                 await run(client)
     else:
-        async with await VLLMEngineClient.start(path, config) as client:
+        async with await VLLMEngineClient.start(path, config, log_dir=LOG_DIR) as client:
             await run(client)
 
 

@@ -20,6 +20,7 @@ import gc
 import logging
 import os
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentrl import cores
@@ -33,10 +34,12 @@ from agentrl.inference.base import (
     token_list,
 )
 from agentrl.inference.client_base import VLLMClientBase
+from agentrl.inference.quiet import engine_stderr
 from agentrl.lifecycle import ensure_reaper
 from agentrl.models import resolve_model
 
 if TYPE_CHECKING:
+    from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
 logger = logging.getLogger(__name__)
@@ -81,6 +84,7 @@ class VLLMEngineClient(VLLMClientBase):
         seed: int | None = None,
         max_lora_rank: int | None = None,
         version: int = 0,
+        log_dir: Path | None = None,
     ) -> VLLMEngineClient:
         """Start an engine for ``model`` ('tiny', a model folder or a hub name).
 
@@ -88,6 +92,9 @@ class VLLMEngineClient(VLLMClientBase):
         ``max_lora_rank``: serve LoRA adapters up to this rank (None: no LoRA).
         ``version``: the policy version the loaded weights are (a replay of a trained
         run's checkpoint labels its tokens with that checkpoint's version).
+        ``log_dir``: while vLLM's logger is quiet (``agentrl`` without ``-v``), what the
+        engine's processes print goes to ``log_dir/vllm-engine.log`` instead of this
+        process's stderr (:mod:`agentrl.inference.quiet`).
 
         Raises:
             ModelNotFoundError: the model spec is not a model.
@@ -97,57 +104,9 @@ class VLLMEngineClient(VLLMClientBase):
         model_path = resolve_model(model)
         ensure_reaper()  # vLLM's engine process must not outlive this one (even on SIGKILL)
         os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
-        from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.v1.engine.async_llm import AsyncLLM
-
-        args = AsyncEngineArgs(
-            model=model_path,
-            dtype=config.dtype,
-            max_model_len=config.max_model_len,
-            **(
-                {"gpu_memory_utilization": config.gpu_memory_utilization}
-                if config.gpu_memory_utilization is not None
-                else {"kv_cache_memory_bytes": config.kv_cache_bytes}
-            ),
-            enable_sleep_mode=config.sleep_during_train,
-            enforce_eager=config.enforce_eager,
-            **({} if seed is None else {"seed": seed}),
-            enable_lora=max_lora_rank is not None,
-            **({} if max_lora_rank is None else {"max_lora_rank": max_lora_rank}),
-            max_num_seqs=config.max_num_seqs,
-            # Behaviour logprobs of the distribution actually sampled from (after
-            # temperature, top-k, top-p): what importance correction needs.
-            logprobs_mode="processed_logprobs",
-            disable_log_stats=True,
-            # No progress bar on every weight reload (it would break the live display).
-            use_tqdm_on_load=False,
-            **(
-                {"weight_transfer_config": {"backend": config.weight_transfer}}
-                if config.weight_transfer
-                else {}
-            ),
-        )
-
-        def build() -> AsyncLLM:
-            # Its worker binds itself among the cores this thread may use: all of them,
-            # even while another engine keeps this process off its worker's.
-            with cores.every_core():
-                return AsyncLLM.from_engine_args(args)
-
-        try:
-            engine = await asyncio.wait_for(
-                asyncio.to_thread(build),
-                timeout=config.startup_timeout_s,
-            )
-        except TimeoutError as e:
-            raise EngineStartupError(
-                f"vLLM did not start within {config.startup_timeout_s} s "
-                f"(inference.startup_timeout_s) for model {model_path!r}"
-            ) from e
-        except Exception as e:
-            raise EngineStartupError(
-                f"vLLM failed to start for model {model_path!r}: {type(e).__name__}: {e}"
-            ) from e
+        with engine_stderr(log_dir) as log:
+            args = _engine_args(model_path, config, seed, max_lora_rank)
+            engine = await _build(args, config, model_path, log)
         # Keep the engine out of this frame's locals: vLLM's AsyncLLM.__del__ fails at
         # interpreter exit, so close() must be able to drop the last reference.
         client, engine = cls(engine, config, model_path, max_lora_rank), None
@@ -361,6 +320,66 @@ class VLLMEngineClient(VLLMClientBase):
 
     async def _label_weights(self, version: int) -> None:
         await self._engine.update_weight_version(str(version))
+
+
+def _engine_args(model_path: str, config: InferenceConfig, seed: int | None,
+                 max_lora_rank: int | None) -> AsyncEngineArgs:  # fmt: skip
+    """vLLM's ``AsyncEngineArgs`` for ``config`` (imports vLLM)."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    return AsyncEngineArgs(
+        model=model_path,
+        dtype=config.dtype,
+        max_model_len=config.max_model_len,
+        **(
+            {"gpu_memory_utilization": config.gpu_memory_utilization}
+            if config.gpu_memory_utilization is not None
+            else {"kv_cache_memory_bytes": config.kv_cache_bytes}
+        ),
+        enable_sleep_mode=config.sleep_during_train,
+        enforce_eager=config.enforce_eager,
+        **({} if seed is None else {"seed": seed}),
+        enable_lora=max_lora_rank is not None,
+        **({} if max_lora_rank is None else {"max_lora_rank": max_lora_rank}),
+        max_num_seqs=config.max_num_seqs,
+        # Behaviour logprobs of the distribution actually sampled from (after
+        # temperature, top-k, top-p): what importance correction needs.
+        logprobs_mode="processed_logprobs",
+        disable_log_stats=True,
+        # No progress bar on every weight reload (it would break the live display).
+        use_tqdm_on_load=False,
+        **(
+            {"weight_transfer_config": {"backend": config.weight_transfer}}
+            if config.weight_transfer
+            else {}
+        ),
+    )
+
+
+async def _build(args: AsyncEngineArgs, config: InferenceConfig, model_path: str,
+                 log: Path | None) -> AsyncLLM:  # fmt: skip
+    """``AsyncLLM.from_engine_args(args)`` in a thread, under ``startup_timeout_s``
+    (``log``: where the engine's processes print, named in the error)."""
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    def build() -> AsyncLLM:
+        # Its worker binds itself among the cores this thread may use: all of them,
+        # even while another engine keeps this process off its worker's.
+        with cores.every_core():
+            return AsyncLLM.from_engine_args(args)
+
+    see = f"; its output is in {log}" if log is not None else ""
+    try:
+        return await asyncio.wait_for(asyncio.to_thread(build), timeout=config.startup_timeout_s)
+    except TimeoutError as e:
+        raise EngineStartupError(
+            f"vLLM did not start within {config.startup_timeout_s} s "
+            f"(inference.startup_timeout_s) for model {model_path!r}{see}"
+        ) from e
+    except Exception as e:
+        raise EngineStartupError(
+            f"vLLM failed to start for model {model_path!r}: {type(e).__name__}: {e}{see}"
+        ) from e
 
 
 def _sampled_logprobs(token_ids: list[int], logprobs: Any) -> list[float]:

@@ -18,6 +18,7 @@ In: a :class:`TinyModelConfig`. Out: the path of a folder that transformers'
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import hashlib
@@ -27,6 +28,7 @@ import os
 import random
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -248,9 +250,24 @@ def _write_model(config: TinyModelConfig, out: Path) -> None:
     model.generation_config = GenerationConfig(
         bos_token_id=eot, eos_token_id=[im_end, eot], pad_token_id=eot
     )
-    model.save_pretrained(out)
+    with _no_progress_bar():  # a bar for the one shard of a tiny model says nothing
+        model.save_pretrained(out)
     marker = {"builder_revision": BUILDER_REVISION, "config": dataclasses.asdict(config)}
     (out / "agentrl-tiny.json").write_text(json.dumps(marker, indent=2, sort_keys=True))
+
+
+@contextlib.contextmanager
+def _no_progress_bar() -> Iterator[None]:
+    """transformers' progress bars off for the block (as they were after it)."""
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()
 
 
 def build_tokenizer(config: TinyModelConfig):  # -> transformers.PreTrainedTokenizerFast

@@ -148,7 +148,8 @@ async def run_rollout(job: RolloutJob, *, resume: bool = False) -> dict[str, Any
         else:
             rank = max(16, cfg.trainer.lora.r) if job.adapter else None
             async with await VLLMEngineClient.start(path, cfg.inference, seed=cfg.run.seed,
-                                                    max_lora_rank=rank) as client:  # fmt: skip
+                                                    max_lora_rank=rank,
+                                                    log_dir=out / "logs") as client:  # fmt: skip
                 if job.adapter:
                     await client.load_lora_adapter(job.adapter, version=0)
                 summary = await _run(job, client, tokenizer, store, todo, already, resume)

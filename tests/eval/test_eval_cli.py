@@ -95,3 +95,22 @@ def test_clear_errors_before_anything_starts(tmp_path: Path) -> None:
         job("tiny", "--episodes", "2", *out)
     with pytest.raises(ConfigError, match=r"--step needs a run directory"):
         job("tiny", "--env", "agentrl/Digits-v0", "--episodes", "2", "--step", "1", *out)
+
+
+@pytest.mark.timeout(60)
+def test_the_report_names_tool_use_only_for_an_env_with_tools(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agentrl.cli.eval import _print_report
+    from agentrl.rollout.evaluation import eval_report
+    from tests.eval.test_pass_at_k import _episode
+
+    monkeypatch.setenv("COLUMNS", "200")
+    episodes = [_episode(t, i, 1.0) for t in range(2) for i in range(2)]
+    report = eval_report(episodes, env_id="E", model="m", k=2, success_reward=1.0)
+    _print_report(report, tmp_path, tools=False)
+    without = capsys.readouterr().out
+    _print_report(report, tmp_path)
+    with_tools = capsys.readouterr().out
+    assert "tool use" not in without and "tools" not in without and "turns" in without
+    assert "mean reward 1.000, tool use 0.0%, " in with_tools and "tools" in with_tools

@@ -26,6 +26,9 @@ def test_rollout_writes_every_episode(tmp_path: Path, model_cache: Path) -> None
     assert out.returncode == 0, out.stderr[-3000:]
     assert "8 episodes of agentrl/Calculator-v0" in out.stdout.splitlines()[-1]
     assert "leaked" not in out.stderr, "interpreter teardown noise after the results"
+    # what vLLM's processes print as they start is in the run's log (tests/inference/test_quiet.py)
+    assert (tmp_path / "run" / "logs" / "vllm-engine.log").is_file()
+    assert "Triton is installed" not in out.stderr and "NUMA binding" not in out.stderr
     lines = (tmp_path / "run" / "trajectories.jsonl").read_text().splitlines()
     trajectories = [Trajectory.from_json(json.loads(line)) for line in lines]
     assert len({t.episode_id for t in trajectories}) == 8

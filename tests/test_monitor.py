@@ -1,0 +1,60 @@
+"""What the live lines and `agentrl top` show: no metric that does not apply to the run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentrl.monitor import eval_cell, plain_line, top, write_status
+
+EVAL = {"label": "before", "step": 0, "version": 0, "episodes": 8, "k": 1,
+        "success_rate": 0.5, "tool_use_rate": 0.0, "reward_mean": 0.5}  # fmt: skip
+
+
+def _status(*, tools: bool, mode: str) -> dict[str, Any]:
+    return {
+        "name": "r", "state": "finished", "step": 3, "steps": 3, "version": 3,
+        "reward_mean": 0.5, "success_rate": 0.5, "tool_use_rate": 0.0,
+        "tokens_per_s": 100.0, "staleness_mean": 0.0, "staleness_max": 0,
+        "tools": tools, "mode": mode, "eval": {"before": EVAL},
+        "episodes": [{"episode": "E#1/0", "env": "agentrl/X-v0", "turn": 2, "phase": "engine",
+                      "started_version": 3, "tokens_by_version": {"3": 12}, "tool_calls": 7,
+                      "age_s": 1.5}],
+    }  # fmt: skip
+
+
+@pytest.mark.timeout(30)
+def test_plain_line_leaves_out_tool_use_without_tools_and_staleness_in_sync_mode() -> None:
+    line = plain_line(_status(tools=False, mode="sync"))
+    assert "tool use" not in line and "staleness" not in line
+    assert "success 50%" in line and "100 tok/s" in line and "queue 0" in line
+    line = plain_line(_status(tools=True, mode="async"))
+    assert "success 50%  tool use 0%  100 tok/s  staleness 0.00  queue 0" in line
+
+
+@pytest.mark.timeout(30)
+def test_a_status_written_before_the_fields_existed_shows_everything() -> None:
+    old = _status(tools=True, mode="async")
+    del old["tools"], old["mode"]
+    assert "tool use 0%" in plain_line(old) and "staleness 0.00" in plain_line(old)
+    assert "tool use 0.0%" in eval_cell(EVAL)
+
+
+@pytest.mark.timeout(60)
+def test_top_shows_only_the_metrics_that_apply(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "200")
+    write_status(tmp_path, _status(tools=False, mode="sync"))
+    assert top(tmp_path, once=True) == 0
+    view = capsys.readouterr().out
+    assert "success 50.0%" in view and "eval before" in view and "v3:12" in view
+    assert "tool use" not in view and "staleness" not in view and "tools" not in view
+    write_status(tmp_path, _status(tools=True, mode="async"))
+    assert top(tmp_path, once=True) == 0
+    view = capsys.readouterr().out
+    assert view.count("tool use 0.0%") == 2 and "staleness" in view  # the step's and the eval's
+    row = next(line for line in view.splitlines() if "E#1/0" in line)
+    assert "tools" in view and " 7 " in row  # the episode's tool calls
