@@ -86,6 +86,12 @@ logger = logging.getLogger(__name__)
 _request_ids = itertools.count()
 
 
+def _open_gate() -> asyncio.Event:
+    gate = asyncio.Event()
+    gate.set()
+    return gate
+
+
 def oldest_sampled_version(conversation: Conversation | None) -> int | None:
     """The policy version of a conversation's oldest sampled token (None: none yet)."""
     if conversation is None:
@@ -110,6 +116,7 @@ class EpisodeRunner(EnvCalls):
         make: builds an env from an id and keyword arguments (default: Gymnasium).
         admission: awaited before every generation call; a weight update closes it to
             hold new requests back (see :class:`~agentrl.rollout.controller.RolloutController`).
+            None: a gate of its own, open.
         checkpoint: called with a :class:`PartialEpisode` at turn boundaries (the first,
             then at most once per ``rollout.checkpoint_interval_s``; the store writer
             batches them); None: no per-turn checkpoints.
@@ -140,7 +147,7 @@ class EpisodeRunner(EnvCalls):
         self.env_deadlines = Deadlines(self.config.env_timeout_s)
         self.metrics = metrics or Metrics()
         self.make = make
-        self.admission = admission
+        self.admission = admission if admission is not None else _open_gate()
         self.checkpoint = checkpoint
         self.live: dict[str, EpisodeProgress] = {}
         self._replay_checks: dict[str, int] = {}
@@ -411,7 +418,6 @@ class EpisodeRunner(EnvCalls):
 
     async def _park(self, ep: EpisodeState) -> None:
         """Wait at the closed admission gate (a weight update is running)."""
-        assert self.admission is not None
         progress = ep.progress
         phase = progress.phase
         progress.set_phase("paused")
@@ -439,7 +445,7 @@ class EpisodeRunner(EnvCalls):
             # Through the turnstile first: from the gate's check to the request, nothing
             # may yield, or a request could reach the engine while a weight update runs.
             await self._turnstile.through()
-            if self.admission is not None and not self.admission.is_set():
+            if not self.admission.is_set():
                 await self._park(ep)
             room = self.client.max_model_len - len(conversation)
             max_tokens = min(budget - len(sampled), room)

@@ -60,6 +60,7 @@ from agentrl.config import ModelConfig, RolloutConfig
 from agentrl.errors import ConfigError, ContextOverflowError, InfraError
 from agentrl.inference.base import Generation
 from agentrl.metrics import LoopLagMonitor, Metrics, tune_gc
+from agentrl.rollout.base import Runner
 from agentrl.rollout.envside import sampled_tokens
 from agentrl.rollout.episode import EpisodeDropped, EpisodeProgress, EpisodeState
 from agentrl.rollout.runner import EpisodeRunner, oldest_sampled_version
@@ -940,7 +941,7 @@ async def open_runner(
     checkpoint: Callable[[PartialEpisode], Any] | None = None,
     tracer: Any = None,
     make: Callable[..., Any] | None = None,
-) -> Any:
+) -> Runner:
     """The runner of a run: an :class:`EpisodeRunner` when ``config.workers`` is 1, else a
     started :class:`WorkerRunner` (closed by ``stack``).
 
