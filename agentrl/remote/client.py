@@ -19,7 +19,6 @@ State
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import itertools
 import json
@@ -33,7 +32,13 @@ import aiohttp
 from agentrl.env import AsyncTextEnv, Observation
 from agentrl.errors import RemoteEnvError
 from agentrl.remote import protocol as P
-from agentrl.remote.servers import Member, check_servers, client_session, describe_error
+from agentrl.remote.servers import (
+    Member,
+    check_servers,
+    client_session,
+    connection_gone,
+    describe_error,
+)
 from agentrl.tools import Tool, ToolResult
 
 logger = logging.getLogger(__name__)
@@ -203,7 +208,7 @@ class RemoteEnv(AsyncTextEnv):
         if session is None:
             return
         if not self._lost and not session.lock.locked() and not session.ws.closed:
-            with contextlib.suppress(Exception):
+            with connection_gone(f"telling {session.member.url} the session ends"):
                 async with asyncio.timeout(2.0):
                     await session.ws.send_str('{"type": "close"}')
         await self._drop()
@@ -269,7 +274,7 @@ class RemoteEnv(AsyncTextEnv):
         if session is None or session.released:
             return
         session.released = True
-        with contextlib.suppress(Exception):
+        with connection_gone(f"closing a session's WebSocket to {session.member.url}"):
             async with asyncio.timeout(2.0):
                 await session.ws.close()
         self.pool.release(session.member)
@@ -451,7 +456,7 @@ class _LoopThread:
 
     def stop(self) -> None:
         if self._http is not None:
-            with contextlib.suppress(Exception):
+            with connection_gone("closing a remote env's HTTP client"):
                 self.run(self._http.close())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=5)

@@ -48,6 +48,7 @@ from typing import Any
 
 import aiohttp
 
+from agentrl.background import BackgroundTasks
 from agentrl.config import EnvConfig
 from agentrl.errors import ConfigError, EnvServersUnavailable, InfraError, RemoteEnvError
 from agentrl.remote import protocol as P
@@ -76,6 +77,14 @@ class EnvServerEvent:
     url: str
     event: str
     detail: str = ""
+
+
+def _health_crashed(error: BaseException) -> InfraError:
+    return InfraError(
+        f"the env server pool's health checks crashed ({type(error).__name__}: "
+        f"{error}; the traceback is in the log). The episode store is intact: "
+        "`agentrl train --resume RUN_DIR` continues the run"
+    )
 
 
 class EnvServerPool:
@@ -116,8 +125,10 @@ class EnvServerPool:
         self._turn = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._http: aiohttp.ClientSession | None = None
-        self._health: asyncio.Task[None] | None = None
-        self._health_error: BaseException | None = None
+        self._background = BackgroundTasks(
+            "the env server pool's health checks", error=_health_crashed,
+            on_failure=lambda _: self._notify(),
+        )  # fmt: skip
         self._changed = asyncio.Event()
         self._closed = False
 
@@ -147,8 +158,7 @@ class EnvServerPool:
         self._changed = asyncio.Event()
         self._http = client_session()
         await asyncio.gather(*(self._check(m) for m in self.members))
-        self._health = asyncio.create_task(self._health_loop(), name="env-server-health")
-        self._health.add_done_callback(self._watch)
+        self._background.start(self._health_loop(), name="env-server-health")
 
     async def close(self) -> None:
         """Stop the health checks and the HTTP client (sessions close with their envs).
@@ -159,13 +169,11 @@ class EnvServerPool:
         if self._closed:
             return
         self._closed = True
-        if self._health is not None:
-            self._health.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._health
-        if self._http is not None:
-            await self._http.close()
-        self._raise_if_health_failed()
+        try:
+            await self._background.close()
+        finally:
+            if self._http is not None:
+                await self._http.close()
 
     def make(self, env_id: str | None = None, **kwargs: Any) -> RemoteEnv:
         """A remote env with no session yet (the runner's ``make``; runs in any thread).
@@ -215,7 +223,7 @@ class EnvServerPool:
         assert http is not None
         deadline: float | None = None
         while True:
-            self._raise_if_health_failed()
+            self._background.check()
             ready = [m for m in self.members
                      if m.up and (m.capacity is None or m.load < m.capacity)]  # fmt: skip
             if ready:
@@ -314,23 +322,6 @@ class EnvServerPool:
             loop.call_soon_threadsafe(self._notify)
 
     # -- health -----------------------------------------------------------------------------
-
-    def _watch(self, task: asyncio.Task[None]) -> None:
-        if task.cancelled() or task.exception() is None:
-            return
-        self._health_error = task.exception()
-        logger.error("the env server pool's health checks crashed; no env server is watched",
-                     exc_info=self._health_error)  # fmt: skip
-        self._notify()
-
-    def _raise_if_health_failed(self) -> None:
-        if self._health_error is not None:
-            error = self._health_error
-            raise InfraError(
-                f"the env server pool's health checks crashed ({type(error).__name__}: "
-                f"{error}; the traceback is in the log). The episode store is intact: "
-                "`agentrl train --resume RUN_DIR` continues the run"
-            ) from error
 
     async def _health_loop(self) -> None:
         while True:

@@ -10,10 +10,12 @@ anything starts.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import urllib.request
+from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
@@ -76,6 +78,16 @@ def describe_error(e: BaseException) -> str:
     cause = getattr(e, "os_error", None) or e
     text = str(cause) or type(cause).__name__
     return f"{type(cause).__name__}: {text}"[:300]
+
+
+@contextlib.contextmanager
+def connection_gone(what: str) -> Iterator[None]:
+    """Let pass, with a debug line, the errors of a connection the other side closed or
+    that does not answer in time, while ``what`` (closing it: nothing else was left)."""
+    try:
+        yield
+    except (OSError, RuntimeError, TimeoutError, aiohttp.ClientError) as e:
+        logger.debug("%s: %s: %s", what, type(e).__name__, e)
 
 
 def client_session() -> aiohttp.ClientSession:

@@ -29,7 +29,8 @@ from agentrl.errors import InfraError
 from agentrl.metrics import LoopLagMonitor, Metrics, tune_gc
 from agentrl.rollout.envside import sampled_tokens
 from agentrl.rollout.episode import EpisodeProgress, EpisodeState
-from agentrl.rollout.runner import EpisodeRunner, oldest_sampled_version
+from agentrl.rollout.records import oldest_sampled_version
+from agentrl.rollout.runner import EpisodeRunner
 from agentrl.rollout.wire import (
     Channel,
     PromptsSent,

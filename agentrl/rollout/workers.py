@@ -46,6 +46,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from agentrl.background import BackgroundTasks
 from agentrl.config import ModelConfig, RolloutConfig
 from agentrl.errors import ConfigError, InfraError
 from agentrl.metrics import Metrics
@@ -65,6 +66,17 @@ from agentrl.trace import ROLLOUT, EpisodeTrace
 from agentrl.types import PartialEpisode, Task, Trajectory
 
 logger = logging.getLogger(__name__)
+
+
+def _reader_failed(failure: BaseException) -> BaseException:
+    """A failure of the workers as the run sees it: an InfraError that says what next."""
+    if isinstance(failure, InfraError):
+        return failure
+    return InfraError(
+        f"reading the rollout workers' messages failed ({type(failure).__name__}: {failure}; "
+        "the traceback is in the log); the run stops here (unfinished episodes resume from "
+        "their checkpoints with --resume)"
+    )
 
 
 class _Gate(asyncio.Event):
@@ -150,7 +162,11 @@ class WorkerRunner:
         self._parked: dict[str, _Parked] = {}
         self._parked_changed = asyncio.Condition()
         self._sampling: dict[bytes, Any] = {}
-        self._failed: BaseException | None = None
+        self._background = BackgroundTasks(
+            "the rollout workers", error=_reader_failed, on_failure=self._fail
+        )
+        """The pipes' readers and the generations asked for: a failure (a worker that
+        died) is raised at the next dispatch, the next wait and close."""
         self._closing = False
         self.worker_cpu_s = 0.0
         """After :meth:`close`: the CPU seconds the workers spent after they started."""
@@ -164,7 +180,11 @@ class WorkerRunner:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+        try:
+            await self.close()
+        except InfraError:
+            if exc[1] is None:  # else the failure is already on its way out
+                raise
 
     async def start(self) -> None:
         """Start the workers and wait until each has built its runner.
@@ -180,8 +200,8 @@ class WorkerRunner:
             )
         try:
             await asyncio.gather(*(self._spawn(i) for i in range(self.config.workers)))
-        except BaseException:
-            await self.close()
+        except BaseException as e:
+            await self.__aexit__(type(e), e, e.__traceback__)
             raise
 
     async def _spawn(self, index: int) -> None:
@@ -189,30 +209,36 @@ class WorkerRunner:
                           tuple(sys.path), self.client.max_model_len,
                           self.client.version)  # fmt: skip
         worker = await spawn_worker(spec, self.config.worker_event_loop, self._workers)
-        worker.reader = asyncio.create_task(self._read(worker), name=f"rollout-worker-{index}")
+        worker.reader = self._background.start(self._read(worker), name=f"rollout-worker-{index}")
 
     async def close(self) -> None:
-        """Stop the workers (their running episodes are cancelled there) and wait for them."""
+        """Stop the workers (their running episodes are cancelled there) and wait for them.
+
+        Raises:
+            InfraError: a worker died, or reading its messages failed.
+        """
         self._closing = True
         for w in self._workers:
             w.channel.send(("stop",))
-        for w in self._workers:
-            try:
-                async with asyncio.timeout(30):
+        try:
+            for w in self._workers:
+                try:
+                    async with asyncio.timeout(30):
+                        await w.process.wait()
+                except TimeoutError:
+                    logger.warning("rollout worker %d did not stop in 30 s; killing it", w.index)
+                    with contextlib.suppress(ProcessLookupError):
+                        w.process.kill()
                     await w.process.wait()
-            except TimeoutError:
-                logger.warning("rollout worker %d did not stop in 30 s; killing it", w.index)
-                with contextlib.suppress(ProcessLookupError):
-                    w.process.kill()
-                await w.process.wait()
-            if w.reader is not None:  # it reads what is left, up to the end of the pipe
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await asyncio.wait_for(w.reader, 5)
-            w.channel.close()
-        for task in self._generations.values():
-            task.cancel()
-        self.worker_cpu_s += sum(w.cpu_s for w in self._workers)
-        self._workers = []
+            for task in self._generations.values():
+                task.cancel()
+            # the readers read what is left, up to the end of each pipe
+            await self._background.close(timeout_s=5)
+        finally:
+            for w in self._workers:
+                w.channel.close()
+            self.worker_cpu_s += sum(w.cpu_s for w in self._workers)
+            self._workers = []
 
     @property
     def event_loops(self) -> tuple[str, ...]:
@@ -240,8 +266,7 @@ class WorkerRunner:
 
     async def _dispatch(self, what: tuple[Any, ...], episode_id: str, env_id: str,
                         version: int) -> list[Trajectory]:  # fmt: skip
-        if self._failed is not None:
-            raise self._failed
+        self._background.check()
         if not self._workers:
             raise InfraError("the rollout workers are not running (use `async with`)")
         if episode_id in self.live:
@@ -300,12 +325,11 @@ class WorkerRunner:
         async with self._parked_changed:
             await self._parked_changed.wait_for(
                 lambda: (
-                    self._failed is not None
+                    self._background.failure is not None
                     or all(e in self._parked or e not in self.live for e in episode_ids)
                 )
             )
-        if self._failed is not None:
-            raise self._failed
+        self._background.check()
 
     # -- internals
 
@@ -343,19 +367,19 @@ class WorkerRunner:
         if self._closing:
             return
         code = await worker.process.wait()
-        self._fail(InfraError(
+        self._background.fail(InfraError(
             f"rollout worker {worker.index} (pid {worker.process.pid}) died with exit code "
             f"{code}; the run stops here (groups already completed were handed on and are "
             "kept; unfinished episodes resume from their checkpoints with --resume)"
         ))  # fmt: skip
-        await self._notify_parked()
 
-    def _fail(self, error: BaseException) -> None:
-        if self._failed is None:
-            self._failed = error
+    def _fail(self, failure: BaseException) -> None:
+        """The first failure: every episode waiting on a worker fails with it."""
+        error = _reader_failed(failure)
         for future in self._results.values():
             if not future.done():
                 future.set_exception(error)
+        self._background.start(self._notify_parked(), name="rollout-workers-failed")
 
     def _handle(self, worker: Worker, message: tuple[Any, ...]) -> None:
         what = message[0]
@@ -370,8 +394,9 @@ class WorkerRunner:
             if progress is not None:
                 progress.turn, progress.tool_calls = turn, tool_calls
                 progress.set_phase("engine")
-            self._generations[(worker.index, n)] = asyncio.create_task(
-                self._generate(worker, n, prompt, sampling, request_id, progress)
+            self._generations[(worker.index, n)] = self._background.start(
+                self._generate(worker, n, prompt, sampling, request_id, progress),
+                name=f"generate-{request_id}",
             )
         elif what == "ungen":
             task = self._generations.pop((worker.index, message[1]), None)
@@ -421,9 +446,7 @@ class WorkerRunner:
             if progress is not None:
                 progress.add_tokens(gen.versions)
                 progress.set_phase("env")
-        except asyncio.CancelledError:
-            return  # the worker's episode was cancelled
-        except BaseException as e:  # carried to the worker's episode
+        except Exception as e:  # carried to the worker's episode (a cancellation goes on)
             result = error_payload(e)
         finally:
             self._generations.pop((worker.index, n), None)
