@@ -13,7 +13,6 @@ import pytest
 
 import agentrl
 from agentrl.config import RolloutConfig
-from agentrl.protocols import RolloutSource
 from agentrl.rollout.base import Runner
 from agentrl.rollout.runner import EpisodeRunner
 from agentrl.rollout.workers import WorkerRunner, open_runner
@@ -109,16 +108,3 @@ def test_callers_use_only_declared_members() -> None:
 def test_the_scan_fails_on_a_member_the_protocol_lacks() -> None:
     source = "async def f(self):\n    self.runner.render_lane.close()\n    runner.parked\n"
     assert undeclared({"caller.py": source}) == {"render_lane": ["caller.py"]}
-
-
-def test_the_training_loop_reads_only_what_rollout_source_declares() -> None:
-    tree = ast.parse((PACKAGE / "trainer" / "loop.py").read_text())
-    read = {
-        node.attr
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Attribute)
-        and isinstance(node.value, ast.Attribute)
-        and node.value.attr == "scheduler"
-    }
-    assert "staleness" in read, read
-    assert read <= set(members(RolloutSource)), read - set(members(RolloutSource))
