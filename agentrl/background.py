@@ -81,13 +81,15 @@ class BackgroundTasks:
     async def close(self, timeout_s: float | None = None) -> None:
         """Wait up to ``timeout_s`` (None: not at all) for the tasks to end on their own,
         cancel the rest and wait for them; then raise the recorded failure, if any."""
-        tasks = set(self._tasks)
-        if tasks and timeout_s is not None:
-            await asyncio.wait(tasks, timeout=timeout_s)
-        for task in tasks:
-            task.cancel()
-        if tasks:  # a cancellation of the closer propagates from here
+        if self._tasks and timeout_s is not None:
+            await asyncio.wait(set(self._tasks), timeout=timeout_s)
+        while self._tasks:  # again if one started another as it ended (a failure's wake-up)
+            tasks = set(self._tasks)
+            for task in tasks:
+                task.cancel()
+            # a cancellation of the closer propagates from here
             await asyncio.gather(*tasks, return_exceptions=True)
+            self._tasks -= tasks
         self.check()
 
     def _raised(self, failure: BaseException) -> BaseException:

@@ -75,3 +75,19 @@ async def test_a_cancelled_closer_is_not_swallowed() -> None:
     closer.cancel()
     with pytest.raises(asyncio.CancelledError):
         await closer
+
+
+async def test_close_also_waits_for_a_task_started_by_a_failing_one() -> None:
+    woke: list[str] = []
+
+    async def wake() -> None:
+        await asyncio.sleep(0.01)
+        woke.append("woken")
+
+    tasks: BackgroundTasks = BackgroundTasks(
+        "the test owner", on_failure=lambda _: tasks.start(wake(), name="wake")
+    )
+    tasks.start(_crash(after_s=0.01), name="reader")
+    with pytest.raises(RuntimeError, match="a bug in the loop"):
+        await tasks.close(timeout_s=5)
+    assert len(tasks) == 0  # the wake-up it started was not left behind
