@@ -170,7 +170,7 @@ class WorkerRunner:
         self._closing = False
         self.worker_cpu_s = 0.0
         """After :meth:`close`: the CPU seconds the workers spent after they started."""
-        self.admission: asyncio.Event = _Gate(self)
+        self.admission = _Gate(self)
         self.admission.set()
 
     # -- lifecycle
@@ -344,7 +344,7 @@ class WorkerRunner:
 
     def _gate_changed(self, is_open: bool) -> None:
         self._parked.clear()
-        epoch = self.admission.epoch  # type: ignore[attr-defined]
+        epoch = self.admission.epoch
         for w in self._workers:
             w.channel.send(("gate", is_open, epoch, self.client.version))
 
@@ -409,7 +409,7 @@ class WorkerRunner:
                 self.checkpoint(message[1])
         elif what == "parked":
             _, episode_id, epoch, snapshot, oldest, prefix, sampled = message
-            if not self.admission.is_set() and epoch == self.admission.epoch:  # type: ignore[attr-defined]
+            if not self.admission.is_set() and epoch == self.admission.epoch:
                 self._parked[episode_id] = _Parked(worker.index, snapshot, oldest, prefix, sampled)
                 progress = self.live.get(episode_id)
                 if progress is not None:
