@@ -8,7 +8,8 @@ protocols here, and the rollout engine satisfies them structurally:
   :class:`UpdateStats`. Implemented by :class:`~agentrl.rollout.controller.RolloutController`.
 * :class:`RolloutSource`: turns tasks into complete groups on the trajectory queue
   (``run``), stops admitting (``stop``), hears of new versions (``notify_version``)
-  and, on resume, of the episodes admitted before the restart (``resume_admitted``).
+  and, on resume, of the episodes admitted before the restart (``resume_admitted``);
+  its ``staleness`` is the bound admission holds (a :class:`StalenessBound`).
   Implemented by :class:`~agentrl.rollout.scheduler.Scheduler`.
 
 This module owns only the protocols and the value that crosses the seam; it imports
@@ -63,8 +64,22 @@ class WeightSync(Protocol):
         ...
 
 
+class StalenessBound(Protocol):
+    """How far behind the trainer an episode's tokens may fall (``rollout.max_staleness``)."""
+
+    @property
+    def max_staleness(self) -> int | None:
+        """Versions behind the trainer the oldest sampled token may be (None: unbounded)."""
+        ...
+
+
 class RolloutSource(Protocol):
     """Generates complete groups into the trajectory queue the trainer reads."""
+
+    @property
+    def staleness(self) -> StalenessBound:
+        """The staleness bound admission holds (the training loop waits by it)."""
+        ...
 
     async def run(self, tasks: Iterable[Task] | AsyncIterable[Task]) -> None:
         """Run every task (until :meth:`stop`); return when every admitted group is queued."""

@@ -23,6 +23,7 @@ import asyncio
 import collections
 from collections.abc import Sequence
 
+from agentrl.background import BackgroundTasks
 from agentrl.types import Group
 
 
@@ -37,6 +38,7 @@ class TrajectoryQueue:
         self.maxsize = maxsize
         self._groups: collections.deque[Group] = collections.deque()
         self._changed = asyncio.Condition()
+        self._background = BackgroundTasks("the trajectory queue")
         self._closed = False
         self.high_water = 0
         self.put_total = 0
@@ -109,8 +111,8 @@ class TrajectoryQueue:
     def withdraw(self, admitted_at: int) -> None:
         """An announced group will not arrive (its run was cancelled or failed)."""
         self._settle(admitted_at)
-        if self._due is not None:  # wake the getter waiting for it (no lock awaited here:
-            asyncio.get_running_loop().create_task(self._notify())  # a cancelled task calls)
+        if self._due is not None:  # wake the getter waiting for it (in a task: a cancelled
+            self._background.start(self._notify(), name="queue-withdrawn")  # task calls this)
 
     def _settle(self, admitted_at: int) -> None:
         if self._expected[admitted_at] > 1:
@@ -137,6 +139,7 @@ class TrajectoryQueue:
         """``n`` groups. With ``due``: once every group admitted at version ``due`` or
         before has ended (waited for), the ``n`` admitted first, so the due ones lead;
         without, the ``n`` that ended first."""
+        self._background.check()
         if due is None:
             return [await self.get() for _ in range(n)]
         async with self._changed:
@@ -167,3 +170,4 @@ class TrajectoryQueue:
         async with self._changed:
             self._closed = True
             self._changed.notify_all()
+        await self._background.close()  # the getters were woken above

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from agentrl.inference import ServerPool
     from agentrl.metrics import Metrics
     from agentrl.queue import TrajectoryQueue
-    from agentrl.rollout import EpisodeRunner
+    from agentrl.rollout.base import Runner
     from agentrl.trainer.loop import StepRecord, TrainLoop
     from agentrl.trainer.trainer import Trainer
     from agentrl.types import Trajectory
@@ -76,19 +76,19 @@ class RunStatus:
         self._prev_tokens = 0.0
         self._prev_time = time.perf_counter()
         self._trainer: Trainer | None = None
-        self._runner: EpisodeRunner | None = None
-        self._eval_runner: EpisodeRunner | None = None
+        self._runner: Runner | None = None
+        self._eval_runner: Runner | None = None
         self._queue: TrajectoryQueue | None = None
         self._loop: TrainLoop | None = None
         self._pool: ServerPool | None = None
 
-    def attach(self, *, trainer: Trainer, runner: EpisodeRunner, queue: TrajectoryQueue,
+    def attach(self, *, trainer: Trainer, runner: Runner, queue: TrajectoryQueue,
                loop: TrainLoop, pool: ServerPool | None) -> None:  # fmt: skip
         """Hand over the components the status reads (``pool``: None without servers)."""
         self._trainer, self._runner, self._queue = trainer, runner, queue
         self._loop, self._pool = loop, pool
 
-    def evaluating(self, label: str, runner: EpisodeRunner, *, beside: bool = False) -> None:
+    def evaluating(self, label: str, runner: Runner, *, beside: bool = False) -> None:
         """An evaluation starts; its episodes count as generation time too.
 
         ``beside``: it runs beside training (``eval.every``), which keeps the run's state.

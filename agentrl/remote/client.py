@@ -1,35 +1,13 @@
-"""Envs that run on OpenEnv env servers: :class:`RemoteEnv` and :class:`EnvServerPool`.
+"""``RemoteEnv``: a text env whose instance lives on an OpenEnv env server, one session an episode.
 
-:class:`EnvServerPool` is what ``[env] url``/``urls`` build: one or more env servers
-(``agentrl serve-env``, or any OpenEnv server) behind one ``make`` for the runner. Each
-:class:`RemoteEnv` it makes is an :class:`~agentrl.env.AsyncTextEnv` holding one
-session (one WebSocket to ``/ws``, one env instance on the server) for its episode.
-
-Routing
-    A new session goes to the up server with the fewest sessions open (and below the
-    ``max_sessions`` an agentrl server reports); while every server is full, new
-    sessions wait for one to close.
-
-Failure
-    A server that refuses or drops a session, or does not answer a call within
-    ``env.request_timeout_s``, is taken out of the rotation; only its episodes fail,
-    with the reason ``env_unavailable`` (or ``env_timeout``) naming it, and the
-    scheduler retries them (``rollout.max_retries``) on fresh sessions elsewhere. A
-    session that cannot be opened is simply opened on another server, no episode lost.
-    An answer that is not the protocol fails the episode with ``env_protocol``; an env
-    that raises on the server, with ``env_exception``, as it would locally.
-
-No server left
-    New sessions wait up to ``env.reconnect_timeout_s`` for a server to come back; then
-    the run stops with one :class:`~agentrl.errors.EnvServersUnavailable` that names
-    every server and how it failed, and says how to continue (``agentrl train
-    --resume``), as the inference pool does.
-
-Health
-    A background task checks ``/health`` of every server each ``health_interval_s``: a
-    server that fails three checks in a row is taken out; one that is out is checked
-    with a doubling delay (0.5 s up to 8 s) and taken back when it answers (and, if it
-    is an agentrl server, still serves ``env.id``).
+Each :class:`RemoteEnv` is an :class:`~agentrl.env.AsyncTextEnv` holding one session
+(one WebSocket to ``/ws``, one env instance on the server) for its episode; its tools
+(:class:`RemoteTool`) run there too. It takes its session from a pool
+(:class:`SessionPool`; :class:`~agentrl.remote.pool.EnvServerPool` is the one) and tells
+it how the session went: a server that refuses (full), times out or drops the session
+is reported, and only this episode fails (``env_unavailable``, ``env_timeout``; an
+answer that is not the protocol, ``env_protocol``; an env that raises on the server,
+``env_exception``).
 
 State
     Every answer of an agentrl server carries the env's ``get_state()`` snapshot, so
@@ -41,420 +19,76 @@ State
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import itertools
 import json
 import logging
 import threading
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Awaitable, Coroutine, Sequence
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import aiohttp
 
-from agentrl.config import EnvConfig
 from agentrl.env import AsyncTextEnv, Observation
-from agentrl.errors import ConfigError, EnvServersUnavailable, InfraError, RemoteEnvError
+from agentrl.errors import RemoteEnvError
 from agentrl.remote import protocol as P
+from agentrl.remote.servers import (
+    Member,
+    check_servers,
+    client_session,
+    connection_gone,
+    describe_error,
+)
 from agentrl.tools import Tool, ToolResult
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-_FIRST_BACKOFF_S, _MAX_BACKOFF_S = 0.5, 8.0
-_HEALTH_FAILURES_TO_DOWN = 3
-_PROBE_TIMEOUT_S = 5.0
-_MAX_MESSAGE_BYTES = 100 * 2**20
 
+class SessionPool(Protocol):
+    """What a remote env asks of the pool it takes its sessions from."""
 
-def http_url(url: str) -> str:
-    """The HTTP base URL of a server given as http(s):// or ws(s)://."""
-    url = url.rstrip("/")
-    if url.startswith("ws://"):
-        return "http://" + url[5:]
-    if url.startswith("wss://"):
-        return "https://" + url[6:]
-    return url
+    @property
+    def members(self) -> Sequence[Member]:
+        """The pool's servers."""
+        ...
 
+    @property
+    def request_timeout_s(self) -> float:
+        """The deadline of one call to a server (``env.request_timeout_s``)."""
+        ...
 
-@dataclasses.dataclass(eq=False)
-class _Member:
-    url: str
-    up: bool = True
-    load: int = 0
-    """Sessions open on it now (and sessions being opened)."""
-    capacity: int | None = None
-    """Its session limit: from ``GET /agentrl``, or learnt from a refusal; None: unknown."""
-    agentrl: bool = False
-    """It answered ``GET /agentrl`` (an agentrl server: snapshots, set_state)."""
-    env_id: str = ""
-    action_field: str = P.ACTION_FIELD
-    mcp: bool = True
-    """Its envs may have MCP tools (False once it said it has no MCP)."""
-    known: bool = False
-    """Its routes have been read (the first time it answered)."""
-    failed_checks: int = 0
-    backoff_s: float = _FIRST_BACKOFF_S
-    next_try: float = 0.0
-    reason: str = ""
-    sessions: int = 0
-    lost: int = 0
-    """Sessions that failed with it (it died, hung, dropped them)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class EnvServerEvent:
-    """One change of an env server's state: ``down`` or ``up``."""
-
-    at: float
-    url: str
-    event: str
-    detail: str = ""
-
-
-class EnvServerPool:
-    """Env servers serving one env, behind the runner's ``make`` (module docstring).
-
-    Use it as ``async with EnvServerPool(urls, env_id) as pool`` and give the runner
-    ``make=pool.make``.
-
-    Args:
-        urls: the servers' base URLs (``http://host:port``).
-        env_id: the env they serve (checked against agentrl servers; tasks carry it).
-        request_timeout_s: deadline for one call to a server (and to open a session).
-        reconnect_timeout_s: how long new sessions wait when no server is up.
-        health_interval_s: seconds between ``/health`` checks of each server.
-    """
-
-    def __init__(
-        self,
-        urls: Sequence[str],
-        env_id: str = "",
-        *,
-        request_timeout_s: float = 60.0,
-        reconnect_timeout_s: float = 120.0,
-        health_interval_s: float = 1.0,
-    ) -> None:
-        if not urls:
-            raise ConfigError("an env server pool needs at least one server (env.url/env.urls)")
-        self.members = [_Member(u.rstrip("/")) for u in urls]
-        if len({m.url for m in self.members}) != len(self.members):
-            raise ConfigError(f"env.url and env.urls list a server twice: {list(urls)}")
-        self.env_id = env_id
-        self.request_timeout_s = request_timeout_s
-        self.reconnect_timeout_s = reconnect_timeout_s
-        self.health_interval_s = health_interval_s
-        self.events: list[EnvServerEvent] = []
-        self.sessions_lost = 0
-        """Sessions that failed with their server (each fails one episode attempt)."""
-        self._turn = itertools.count()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._http: aiohttp.ClientSession | None = None
-        self._health: asyncio.Task[None] | None = None
-        self._health_error: BaseException | None = None
-        self._changed = asyncio.Event()
-        self._closed = False
-
-    @classmethod
-    def from_config(cls, env: EnvConfig) -> EnvServerPool:
-        """The pool of ``[env] url``/``urls``."""
-        return cls(env.servers, env.id, request_timeout_s=env.request_timeout_s,
-                   reconnect_timeout_s=env.reconnect_timeout_s,
-                   health_interval_s=env.health_interval_s)  # fmt: skip
-
-    async def __aenter__(self) -> EnvServerPool:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        try:
-            await self.close()
-        except InfraError:
-            if exc[1] is None:
-                raise
-
-    async def start(self) -> None:
-        """Open the HTTP client, read each server's routes, start the health checks."""
-        if self._loop is not None:
-            return
-        self._loop = asyncio.get_running_loop()
-        self._changed = asyncio.Event()
-        self._http = _client_session()
-        await asyncio.gather(*(self._check(m) for m in self.members))
-        self._health = asyncio.create_task(self._health_loop(), name="env-server-health")
-        self._health.add_done_callback(self._watch)
-
-    async def close(self) -> None:
-        """Stop the health checks and the HTTP client (sessions close with their envs).
-
-        Raises:
-            InfraError: the health checks had crashed.
-        """
-        if self._closed:
-            return
-        self._closed = True
-        if self._health is not None:
-            self._health.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._health
-        if self._http is not None:
-            await self._http.close()
-        self._raise_if_health_failed()
-
-    def make(self, env_id: str | None = None, **kwargs: Any) -> RemoteEnv:
-        """A remote env with no session yet (the runner's ``make``; runs in any thread).
-
-        Raises:
-            ConfigError: ``kwargs`` given (the server builds the env with its own).
-        """
-        if kwargs:
-            raise ConfigError(
-                f"env kwargs {kwargs} for an env on env servers: the server builds the env; "
-                "give them there (agentrl serve-env ID --kwargs JSON)"
-            )
-        return RemoteEnv(self, env_id or self.env_id)
-
-    def describe(self) -> list[dict[str, Any]]:
-        """One row per server: url, up, sessions open, sessions lost, reason."""
-        return [{"url": m.url, "up": m.up, "sessions": m.load, "capacity": m.capacity,
-                 "opened": m.sessions, "lost": m.lost, "reason": m.reason}
-                for m in self.members]  # fmt: skip
-
-    # -- sessions ---------------------------------------------------------------------------
+    @property
+    def http(self) -> aiohttp.ClientSession | None:
+        """The pool's HTTP client (None before it started)."""
+        ...
 
     async def open(
         self, http: aiohttp.ClientSession | None = None, *, wait: bool = True
-    ) -> tuple[_Member, aiohttp.ClientWebSocketResponse]:
-        """A new session on the least loaded up server.
+    ) -> tuple[Member, aiohttp.ClientWebSocketResponse]:
+        """A new session on the least loaded up server."""
+        ...
 
-        Args:
-            http: the HTTP client to open it with (the pool's own by default; a remote
-                env used synchronously brings one of its event loop).
-            wait: wait for a server when none is up (up to ``reconnect_timeout_s``);
-                False: fail at once (a remote env used synchronously).
+    def release(self, member: Member) -> None:
+        """A session of ``member`` closed."""
+        ...
 
-        Raises:
-            EnvServersUnavailable: no server came back within ``reconnect_timeout_s``.
-            RemoteEnvError: ``wait`` is False and no server is up (``env_unavailable``).
-        """
-        if http is None:
-            if self._loop is None:
-                await self.start()
-            http = self._http
-        assert http is not None
-        deadline: float | None = None
-        while True:
-            self._raise_if_health_failed()
-            ready = [m for m in self.members
-                     if m.up and (m.capacity is None or m.load < m.capacity)]  # fmt: skip
-            if ready:
-                turn = next(self._turn)
-                member = min(ready, key=lambda m: (m.load, (self.members.index(m) - turn)
-                                                   % len(self.members)))  # fmt: skip
-                member.load += 1
-                try:
-                    ws = await self._connect(http, member)
-                except asyncio.CancelledError:
-                    self.release(member)
-                    raise
-                except (aiohttp.ClientError, OSError, TimeoutError) as e:
-                    self.release(member)
-                    self.down(member, f"cannot open a session: {describe_error(e)}")
-                    continue
-                member.sessions += 1
-                return member, ws
-            if not wait:
-                raise RemoteEnvError("env_unavailable", "no env server is up: " + self._reasons())
-            now = time.monotonic()
-            if any(m.up for m in self.members):  # all full: wait for a session to close
-                deadline = None
-            else:
-                deadline = deadline or now + self.reconnect_timeout_s
-                if now >= deadline:
-                    raise EnvServersUnavailable(
-                        f"no env server answered for {self.reconnect_timeout_s:g} s "
-                        f"(env.reconnect_timeout_s): {self._reasons()}. The episode store is "
-                        "intact: start the env servers again (agentrl serve-env "
-                        f"{self.env_id or 'ENV_ID'} --port PORT), then `agentrl train --resume "
-                        "RUN_DIR` continues where this run stopped"
-                    )
-            changed = self._changed
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(1.0 if deadline is None else min(1.0, deadline - now)):
-                    await changed.wait()
+    def full(self, member: Member) -> None:
+        """``member`` refused a session: it is at its limit."""
+        ...
 
-    async def _connect(self, http: aiohttp.ClientSession,
-                       member: _Member) -> aiohttp.ClientWebSocketResponse:  # fmt: skip
-        async with asyncio.timeout(self.request_timeout_s):
-            return await http.ws_connect(
-                http_url(member.url) + "/ws", max_msg_size=_MAX_MESSAGE_BYTES, autoping=True,
-                timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=5.0),
-            )  # fmt: skip
+    def down(self, member: Member, reason: str) -> None:
+        """Take ``member`` out of the rotation."""
+        ...
 
-    def release(self, member: _Member) -> None:
-        """A session of ``member`` closed (any thread)."""
-        member.load = max(member.load - 1, 0)
-        self._notify()
+    async def lost(self, member: Member, reason: str, http: aiohttp.ClientSession) -> None:
+        """A session of ``member`` broke."""
+        ...
 
-    def full(self, member: _Member) -> None:
-        """``member`` refused a session: it is at its limit with the sessions open now."""
-        member.capacity = max(member.load - 1, 1)
-
-    def down(self, member: _Member, reason: str) -> None:
-        """Take ``member`` out of the rotation until its ``/health`` answers."""
-        if not member.up:
-            return
-        member.up, member.reason, member.failed_checks = False, reason, 0
-        member.backoff_s = _FIRST_BACKOFF_S
-        member.next_try = time.monotonic() + member.backoff_s
-        others = sum(m.up for m in self.members)
-        logger.warning(
-            "env server %s is down (%s); %s", member.url, reason,
-            f"its episodes are retried on the {others} other server(s)" if others
-            else "no other env server is up; new episodes wait for one to come back "
-            f"(env.reconnect_timeout_s = {self.reconnect_timeout_s:g} s)",
-        )  # fmt: skip
-        self.events.append(EnvServerEvent(time.time(), member.url, "down", reason))
-        self._notify()
-
-    async def lost(self, member: _Member, reason: str, http: aiohttp.ClientSession) -> None:
-        """A session of ``member`` broke: take it out unless ``/health`` still answers
-        (then only that session was lost, e.g. closed by the server's idle timeout)."""
-        member.lost += 1
-        self.sessions_lost += 1
-        if member.up and not await self._healthy(member, http, timeout_s=2.0):
-            self.down(member, reason)
-
-    def _reasons(self) -> str:
-        return "; ".join(f"{m.url}: {m.reason or 'full'}" for m in self.members)
-
-    def _notify(self) -> None:
-        loop = self._loop
-        if loop is None or loop.is_closed():
-            return
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is loop:
-            changed, self._changed = self._changed, asyncio.Event()
-            changed.set()
-        else:  # a remote env used from another thread
-            loop.call_soon_threadsafe(self._notify)
-
-    # -- health -----------------------------------------------------------------------------
-
-    def _watch(self, task: asyncio.Task[None]) -> None:
-        if task.cancelled() or task.exception() is None:
-            return
-        self._health_error = task.exception()
-        logger.error("the env server pool's health checks crashed; no env server is watched",
-                     exc_info=self._health_error)  # fmt: skip
-        self._notify()
-
-    def _raise_if_health_failed(self) -> None:
-        if self._health_error is not None:
-            error = self._health_error
-            raise InfraError(
-                f"the env server pool's health checks crashed ({type(error).__name__}: "
-                f"{error}; the traceback is in the log). The episode store is intact: "
-                "`agentrl train --resume RUN_DIR` continues the run"
-            ) from error
-
-    async def _health_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.health_interval_s)
-            await asyncio.gather(*(self._check(m) for m in self.members))
-
-    async def _check(self, m: _Member) -> None:
-        assert self._http is not None
-        if m.up and m.known:
-            if await self._healthy(m, self._http):
-                m.failed_checks = 0
-            else:
-                m.failed_checks += 1
-                if m.failed_checks >= _HEALTH_FAILURES_TO_DOWN:
-                    self.down(m, f"/health failed {m.failed_checks} times in a row")
-            return
-        if m.up or time.monotonic() >= m.next_try:
-            problem = await self._learn(m, self._http)
-            if problem is None:
-                was_down = not m.up
-                m.up, m.reason, m.failed_checks, m.backoff_s = True, "", 0, _FIRST_BACKOFF_S
-                if was_down:
-                    logger.warning("env server %s is back", m.url)
-                    self.events.append(EnvServerEvent(time.time(), m.url, "up"))
-                self._notify()
-                return
-            if m.up:
-                self.down(m, problem)
-            else:
-                m.reason = problem
-                m.backoff_s = min(m.backoff_s * 2, _MAX_BACKOFF_S)
-                m.next_try = time.monotonic() + m.backoff_s
-
-    async def _healthy(self, m: _Member, http: aiohttp.ClientSession,
-                       timeout_s: float = _PROBE_TIMEOUT_S) -> bool:  # fmt: skip
-        try:
-            async with asyncio.timeout(min(timeout_s, self.request_timeout_s)):
-                async with http.get(http_url(m.url) + "/health") as r:
-                    return r.status == 200
-        except (aiohttp.ClientError, OSError, TimeoutError):
-            return False
-
-    async def _learn(self, m: _Member, http: aiohttp.ClientSession) -> str | None:
-        """Read a server's routes (health, agentrl info or action schema); None if it
-        may take sessions, else why not."""
-        try:
-            async with asyncio.timeout(min(_PROBE_TIMEOUT_S, self.request_timeout_s)):
-                async with http.get(http_url(m.url) + "/health") as r:
-                    if r.status != 200:
-                        return f"/health answered HTTP {r.status}"
-                async with http.get(http_url(m.url) + "/agentrl") as r:
-                    info = await r.json() if r.status == 200 else None
-                schema = None
-                if info is None:
-                    async with http.get(http_url(m.url) + "/schema") as r:
-                        schema = await r.json() if r.status == 200 else None
-        except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as e:
-            return describe_error(e)
-        return self._read_routes(m, info, schema)
-
-    def _read_routes(self, m: _Member, info: Any, schema: Any) -> str | None:
-        if isinstance(info, dict) and info.get("env_id"):
-            m.agentrl, m.env_id = True, str(info["env_id"])
-            if isinstance(info.get("max_sessions"), int):
-                m.capacity = info["max_sessions"]
-            if self.env_id and m.env_id != self.env_id:
-                return f"it serves {m.env_id}, not {self.env_id} (env.id)"
-        elif schema is not None:
-            try:
-                m.action_field = P.action_field_of(schema)
-            except P.Malformed as e:
-                return f"its /schema: {e}"
-        m.known = True
-        return None
-
-
-def describe_error(e: BaseException) -> str:
-    """A short account of a connection error (refused, reset, timed out)."""
-    if isinstance(e, TimeoutError):
-        return "timed out"
-    if isinstance(e, aiohttp.WSServerHandshakeError):
-        return f"the WebSocket handshake failed (HTTP {e.status})"
-    cause = getattr(e, "os_error", None) or e
-    text = str(cause) or type(cause).__name__
-    return f"{type(cause).__name__}: {text}"[:300]
-
-
-def _client_session() -> aiohttp.ClientSession:
-    # limit=0: every session holds a connection (its WebSocket) for its whole episode
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout)
+    def reasons(self) -> str:
+        """Why each server takes no session, in words."""
+        ...
 
 
 class _Refused(Exception):
@@ -467,7 +101,7 @@ class _Closed(Exception):
 
 @dataclasses.dataclass(eq=False)
 class _Session:
-    member: _Member
+    member: Member
     ws: aiohttp.ClientWebSocketResponse
     http: aiohttp.ClientSession
     lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
@@ -488,7 +122,7 @@ class RemoteEnv(AsyncTextEnv):
     same calls on an event loop of the env's own, in a thread.
     """
 
-    def __init__(self, pool: EnvServerPool, env_id: str) -> None:
+    def __init__(self, pool: SessionPool, env_id: str) -> None:
         self.pool = pool
         self.env_id = env_id
         self.system_prompt: str | None = None  # type: ignore[misc]
@@ -533,7 +167,7 @@ class RemoteEnv(AsyncTextEnv):
                 await self._drop()
         else:
             raise RemoteEnvError("env_unavailable", "every env server refused a session (full): "
-                                 + self.pool._reasons())  # fmt: skip
+                                 + self.pool.reasons())  # fmt: skip
         obs, _, _, _, info, observation = self._fields(reply, "reset")
         self.system_prompt = _optional_str(observation.get("system_prompt"))
         specs = observation.get("tool_specs")
@@ -574,7 +208,7 @@ class RemoteEnv(AsyncTextEnv):
         if session is None:
             return
         if not self._lost and not session.lock.locked() and not session.ws.closed:
-            with contextlib.suppress(Exception):
+            with connection_gone(f"telling {session.member.url} the session ends"):
                 async with asyncio.timeout(2.0):
                     await session.ws.send_str('{"type": "close"}')
         await self._drop()
@@ -631,7 +265,7 @@ class RemoteEnv(AsyncTextEnv):
         own = self._sync_loop is not None
         http = self._sync_loop.http() if self._sync_loop is not None else None
         member, ws = await self.pool.open(http, wait=not own)
-        self._session = _Session(member, ws, http or self.pool._http)  # type: ignore[arg-type]
+        self._session = _Session(member, ws, http or self.pool.http)  # type: ignore[arg-type]
         self._lost = None
         self.url = member.url
 
@@ -640,7 +274,7 @@ class RemoteEnv(AsyncTextEnv):
         if session is None or session.released:
             return
         session.released = True
-        with contextlib.suppress(Exception):
+        with connection_gone(f"closing a session's WebSocket to {session.member.url}"):
             async with asyncio.timeout(2.0):
                 await session.ws.close()
         self.pool.release(session.member)
@@ -811,7 +445,7 @@ class _LoopThread:
 
     def http(self) -> aiohttp.ClientSession:
         if self._http is None:
-            self._http = _client_session()
+            self._http = client_session()
         return self._http
 
     def run(self, coro: Awaitable[T]) -> T:
@@ -822,7 +456,7 @@ class _LoopThread:
 
     def stop(self) -> None:
         if self._http is not None:
-            with contextlib.suppress(Exception):
+            with connection_gone("closing a remote env's HTTP client"):
                 self.run(self._http.close())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=5)
@@ -834,61 +468,4 @@ def _optional_str(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-# -- checking the servers of a config (before anything starts) ----------------------------
-
-
-def check_servers(env: EnvConfig, *, timeout_s: float = _PROBE_TIMEOUT_S) -> EnvConfig:
-    """Ask the env servers of ``env`` (``url``/``urls``) what they serve.
-
-    Returns ``env`` with ``id`` set from the first server that names its env when it
-    was empty. Servers that do not answer are only warned about (they join the rotation
-    when they come up), unless none answers.
-
-    Raises:
-        ConfigError: no server answers; an agentrl server serves another env than
-            ``env.id``; ``env.id`` is empty and no server names its env.
-    """
-    answers: dict[str, dict[str, Any]] = {}
-    silent: list[str] = []
-    for url in env.servers:
-        try:
-            _get_json(url, "/health", timeout_s)
-        except (OSError, ValueError) as e:
-            silent.append(f"{url}: {e}")
-            continue
-        answer: dict[str, Any] = {}
-        for route in ("/agentrl", "/metadata"):
-            try:
-                answer[route] = _get_json(url, route, timeout_s)
-            except (OSError, ValueError):
-                answer[route] = None
-        answers[url] = answer
-    if not answers:
-        raise ConfigError(
-            "no env server answers (env.url/env.urls): "
-            + "; ".join(silent)
-            + ". Start one with: agentrl serve-env ENV_ID --port PORT"
-        )
-    for problem in silent:
-        logger.warning("env server %s does not answer yet; it joins when it does", problem)
-    env_id = env.id
-    for url, answer in answers.items():
-        info = answer["/agentrl"] if isinstance(answer["/agentrl"], dict) else {}
-        metadata = answer["/metadata"] if isinstance(answer["/metadata"], dict) else {}
-        served = str(info.get("env_id") or "")
-        if env_id and served and served != env_id:
-            raise ConfigError(f"env server {url} serves {served}, not env.id = {env_id!r}")
-        if not env_id:
-            env_id = served or str(metadata.get("name") or "")
-    if not env_id:
-        raise ConfigError(f"env.id is empty and the env server {next(iter(answers))} does not "
-                          "name its env (/metadata); set env.id")  # fmt: skip
-    return env if env_id == env.id else dataclasses.replace(env, id=env_id)
-
-
-def _get_json(url: str, route: str, timeout_s: float) -> Any:
-    with urllib.request.urlopen(http_url(url) + route, timeout=timeout_s) as r:
-        return json.loads(r.read())
-
-
-__all__ = ["EnvServerEvent", "EnvServerPool", "RemoteEnv", "RemoteTool", "check_servers"]
+__all__ = ["RemoteEnv", "RemoteTool", "SessionPool", "check_servers"]

@@ -22,24 +22,23 @@ this server with openenv-core's own clients.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import dataclasses
-import functools
-import json
 import logging
 import signal
 import time
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from aiohttp import WSMsgType, web
 
-from agentrl.env import EnvHandle, make_env, supports_state
+from agentrl.background import BackgroundTasks
+from agentrl.env import make_env, supports_state
 from agentrl.errors import ConfigError
 from agentrl.remote import protocol as P
-from agentrl.tools import ToolCall, ToolSet
+from agentrl.remote.servers import connection_gone
+from agentrl.remote.sessions import EnvCallError, Session, SessionMessages, reset_args
+from agentrl.tools import ToolSet
 
 logger = logging.getLogger(__name__)
 
@@ -81,35 +80,8 @@ STATE_SCHEMA = {
     },
 }  # fmt: skip
 
-_TOOL_ERROR_TYPES = {"unknown_tool": "tool_not_found", "bad_arguments": "invalid_args",
-                     "timeout": "timeout"}  # fmt: skip
-"""agentrl's tool error kinds as OpenEnv's ToolErrorType (others: execution_error)."""
 
-
-class _EnvCallError(Exception):
-    """An env call failed; the session answers an error with this message and kind."""
-
-    def __init__(self, message: str, kind: str) -> None:
-        super().__init__(message)
-        self.kind = kind
-
-
-@dataclasses.dataclass(eq=False)
-class _Session:
-    id: str
-    ws: web.WebSocketResponse | None = None
-    """None for the stateless HTTP routes."""
-    last_active: float = dataclasses.field(default_factory=time.monotonic)
-    busy: bool = False
-    broken: bool = False
-    """An env call missed its deadline: the env is stuck, the session ends."""
-    closing: str = ""
-    handle: EnvHandle | None = None
-    toolset: ToolSet | None = None
-    episode_id: str | None = None
-
-
-class EnvServer:
+class EnvServer(SessionMessages):
     """A registered text env served over the OpenEnv protocol (see the module docstring).
 
     Args:
@@ -147,10 +119,11 @@ class EnvServer:
         self.env_timeout_s = env_timeout_s
         self.tool_timeout_s = tool_timeout_s
         self.make = make
-        self.sessions: dict[str, _Session] = {}
+        self.sessions: dict[str, Session] = {}
         self.counters: Counter[str] = Counter()
         self.supports_state = False
-        self._reaper: asyncio.Task[None] | None = None
+        self._background = BackgroundTasks("agentrl serve-env's idle-session reaper")
+        """The reaper; if it crashes, /health says so (503) and stopping raises it."""
         self._runner: web.AppRunner | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -169,8 +142,10 @@ class EnvServer:
         try:
             self.supports_state = supports_state(env)
         finally:
-            with contextlib.suppress(Exception):
+            try:
                 env.close()
+            except Exception as e:  # it was built only to be probed: the server goes on
+                logger.warning("%s close() raised %s: %s", self.env_id, type(e).__name__, e)
 
     def app(self) -> web.Application:
         """The aiohttp application (its startup starts the idle-session reaper)."""
@@ -185,6 +160,7 @@ class EnvServer:
         app.router.add_get("/ws", self._ws)
         app.on_startup.append(self._on_startup)
         app.on_shutdown.append(self._on_shutdown)
+        app.on_cleanup.append(self._on_cleanup)
         return app
 
     async def start(self, host: str = "127.0.0.1", port: int = 8100) -> None:
@@ -200,15 +176,16 @@ class EnvServer:
             self._runner = None
 
     async def _on_startup(self, app: web.Application) -> None:
-        self._reaper = asyncio.create_task(self._reap(), name="serve-env-reaper")
+        self._background.start(self._reap(), name="serve-env-reaper")
+
+    async def _on_cleanup(self, app: web.Application) -> None:
+        await self._background.close()
 
     async def _on_shutdown(self, app: web.Application) -> None:
-        if self._reaper is not None:
-            self._reaper.cancel()
         for session in list(self.sessions.values()):
             session.closing = "the env server is shutting down"
             if session.ws is not None:
-                with contextlib.suppress(Exception):
+                with connection_gone(f"closing session {session.id}"):
                     await session.ws.close(code=1001, message=b"server shutting down")
 
     async def _reap(self) -> None:
@@ -223,7 +200,7 @@ class EnvServer:
                                  "(agentrl serve-env --idle-timeout-s) and was closed")  # fmt: skip
                     self.counters["sessions_idle_closed"] += 1
                     if s.ws is not None:
-                        with contextlib.suppress(Exception):
+                        with connection_gone(f"closing idle session {s.id}"):
                             await s.ws.send_json(P.error(s.closing, P.SESSION_ERROR,
                                                          "env_unavailable"))  # fmt: skip
                             await s.ws.close(code=4000, message=b"idle timeout")
@@ -231,6 +208,10 @@ class EnvServer:
     # -- HTTP routes ------------------------------------------------------------------------
 
     async def _health(self, request: web.Request) -> web.Response:
+        failure = self._background.failure
+        if failure is not None:  # idle sessions are no longer closed: take it out
+            reason = f"the idle-session reaper crashed: {type(failure).__name__}: {failure}"
+            return web.json_response({"status": "unhealthy", "reason": reason}, status=503)
         return web.json_response({"status": "healthy"})
 
     async def _metadata(self, request: web.Request) -> web.Response:
@@ -255,7 +236,7 @@ class EnvServer:
         """Stateless, as OpenEnv's: a fresh env, reset, its first observation, closed."""
         body = await _json_body(request)
         try:
-            seed, options = _reset_args(body)
+            seed, options = reset_args(body)
         except P.Malformed as e:
             return web.json_response({"detail": str(e)}, status=422)
         return await self._stateless(seed, options, None)
@@ -265,7 +246,7 @@ class EnvServer:
         body = await _json_body(request)
         action = body.get("action")
         try:
-            seed, options = _reset_args(body)
+            seed, options = reset_args(body)
             if not isinstance(action, dict) or not isinstance(action.get(P.ACTION_FIELD), str):
                 raise P.Malformed(f"action must be an object with a string {P.ACTION_FIELD!r}")
         except P.Malformed as e:
@@ -278,14 +259,14 @@ class EnvServer:
 
     async def _stateless(self, seed: int | None, options: dict[str, Any] | None,
                          action: str | None) -> web.Response:  # fmt: skip
-        session = _Session("http")
+        session = Session("http")
         try:
             session.handle = await self._call(session, "make", self._build)
             session.toolset = ToolSet(session.handle.tools, timeout_s=self.tool_timeout_s)
             reply = await self._reset(session, {"seed": seed, "options": options})
             if action is not None and reply["type"] == "observation":
                 reply = await self._step(session, {P.ACTION_FIELD: action})
-        except _EnvCallError as e:
+        except EnvCallError as e:
             reply = P.error(str(e), P.EXECUTION_ERROR, e.kind)
         finally:
             await self._close_env(session)
@@ -310,13 +291,13 @@ class EnvServer:
                 active_sessions=len(self.sessions), max_sessions=self.max_sessions))  # fmt: skip
             await ws.close()
             return ws
-        session = _Session(uuid.uuid4().hex, ws)
+        session = Session(uuid.uuid4().hex, ws)
         self.sessions[session.id] = session
         self.counters["sessions"] += 1
         try:
             try:
                 session.handle = await self._call(session, "make", self._build)
-            except _EnvCallError as e:
+            except EnvCallError as e:
                 await ws.send_json(P.error(str(e), P.FACTORY_ERROR, e.kind))
                 return ws
             session.toolset = ToolSet(session.handle.tools, timeout_s=self.tool_timeout_s)
@@ -345,212 +326,9 @@ class EnvServer:
         finally:
             del self.sessions[session.id]
             await self._close_env(session)
-            with contextlib.suppress(Exception):
+            with connection_gone(f"closing session {session.id}"):
                 await ws.close()
         return ws
-
-    async def _message(self, session: _Session, text: str) -> dict[str, Any] | None:
-        """The answer to one message (None: the client closed the session)."""
-        try:
-            message = json.loads(text)
-        except ValueError as e:
-            return P.error(f"Invalid JSON: {e}", P.INVALID_JSON)
-        if not isinstance(message, dict):
-            return P.error(f"a message is a JSON object, not {P.short(message)}",
-                           P.VALIDATION_ERROR)  # fmt: skip
-        kind, data = message.get("type", ""), message.get("data", {})
-        if data is None:
-            data = {}
-        if kind == "close":
-            return None
-        if not isinstance(data, dict):
-            return P.error(f"data of a {kind!r} message must be an object", P.VALIDATION_ERROR)
-        handlers: dict[str, Callable[[_Session, dict[str, Any]], Awaitable[dict[str, Any]]]] = {
-            "reset": self._reset, "step": self._step, "state": self._state,
-            "set_state": self._set_state, "mcp": self._mcp,
-        }  # fmt: skip
-        handler = handlers.get(kind)
-        if handler is None:
-            return P.error(f"Unknown message type: {kind}", P.UNKNOWN_TYPE)
-        try:
-            reply = await handler(session, data)
-        except P.Malformed as e:
-            return P.error(str(e), P.VALIDATION_ERROR)
-        except _EnvCallError as e:
-            return P.error(str(e), P.EXECUTION_ERROR, e.kind)
-        return reply
-
-    def _encode(self, reply: dict[str, Any]) -> str:
-        """``reply`` as JSON text; an error if the env gave something that is not JSON."""
-        try:
-            return _dumps(reply)
-        except (TypeError, ValueError) as e:
-            return _dumps(P.error(f"{self.env_id} returned something that is not JSON: {e}",
-                                  P.EXECUTION_ERROR, "env_bad_observation"))  # fmt: skip
-
-    async def _reset(self, session: _Session, data: dict[str, Any]) -> dict[str, Any]:
-        handle = self._handle(session)
-        seed, options = _reset_args(data)
-        episode_id = data.get("episode_id")
-        reset = functools.partial(handle.reset, seed=seed, options=options)
-        obs, info = await self._call(session, "reset", reset)
-        session.episode_id = str(episode_id) if episode_id is not None else uuid.uuid4().hex
-        self.counters["resets"] += 1
-        observation = self._observation(session, obs, "reset()", False, info or {})
-        observation["system_prompt"] = handle.system_prompt
-        observation["tool_specs"] = self._tool_specs(session)
-        return P.result(observation, None, False)
-
-    async def _step(self, session: _Session, data: dict[str, Any]) -> dict[str, Any]:
-        if data.get("type") in ("list_tools", "call_tool"):  # OpenEnv's MCPToolClient
-            return await self._step_tool(session, data)
-        handle = self._handle(session)
-        action = data.get(P.ACTION_FIELD)
-        if not isinstance(action, str):
-            raise P.Malformed(f"a step's action needs a string {P.ACTION_FIELD!r} field, got "
-                              f"{P.short(data)}")  # fmt: skip
-        obs, reward, terminated, truncated, info = await self._call(
-            session, "step", functools.partial(handle.step, action)
-        )
-        self.counters["steps"] += 1
-        observation = self._observation(session, obs, "step()", bool(truncated), info or {})
-        return P.result(observation, float(reward), bool(terminated or truncated))
-
-    async def _state(self, session: _Session, data: dict[str, Any]) -> dict[str, Any]:
-        handle = self._handle(session)
-        return {"type": "state", "data": {"episode_id": session.episode_id,
-                                          "step_count": handle.steps, "env_id": self.env_id,
-                                          "env_state": self._snapshot(session)}}  # fmt: skip
-
-    async def _set_state(self, session: _Session, data: dict[str, Any]) -> dict[str, Any]:
-        handle = self._handle(session)
-        state, steps = data.get("state"), data.get("steps", 0)
-        if not isinstance(state, dict) or isinstance(steps, bool) or not isinstance(steps, int):
-            raise P.Malformed("set_state needs {'state': object, 'steps': integer}")
-        if not supports_state(handle.env):
-            raise _EnvCallError(f"{self.env_id} has no get_state/set_state", "env_exception")
-        await self._call(session, "set_state", functools.partial(handle.set_state, state, steps))
-        return await self._state(session, {})
-
-    async def _mcp(self, session: _Session, data: dict[str, Any]) -> dict[str, Any]:
-        rid, method, params = data.get("id"), data.get("method"), data.get("params") or {}
-        if not isinstance(params, dict):
-            return P.rpc_error(rid, P.INVALID_PARAMS, "params must be an object")
-        if method == "tools/list":
-            return P.rpc_result(rid, {"tools": self._tool_specs(session)})
-        if method != "tools/call":
-            return P.rpc_error(rid, P.METHOD_NOT_FOUND, f"Method not found: {method}")
-        name, arguments = params.get("name"), params.get("arguments") or {}
-        if not isinstance(name, str) or not isinstance(arguments, dict):
-            return P.rpc_error(rid, P.INVALID_PARAMS, "tools/call needs a name and arguments")
-        content, kind = await self._call_tool(session, name, arguments)
-        return P.rpc_result(rid, P.tool_result(content, kind, self._snapshot(session)))
-
-    async def _step_tool(self, session: _Session, data: dict[str, Any]) -> dict[str, Any]:
-        """OpenEnv's step-based tool calls: ListToolsAction and CallToolAction."""
-        if data["type"] == "list_tools":
-            tools = [{"name": t["name"], "description": t["description"],
-                      "input_schema": t["inputSchema"]}
-                     for t in self._tool_specs(session)]  # fmt: skip
-            return P.result({"tools": tools}, None, False)
-        name, arguments = data.get("tool_name"), data.get("arguments") or {}
-        if not isinstance(name, str) or not isinstance(arguments, dict):
-            raise P.Malformed("call_tool needs a string tool_name and an arguments object")
-        content, kind = await self._call_tool(session, name, arguments)
-        error = (
-            None
-            if kind is None
-            else {"error_type": _TOOL_ERROR_TYPES.get(kind, "execution_error"), "message": content}
-        )
-        return P.result({"tool_name": name, "result": content, "error": error}, 0.0, False)
-
-    async def _call_tool(self, session: _Session, name: str,
-                         arguments: dict[str, Any]) -> tuple[str, str | None]:  # fmt: skip
-        assert session.toolset is not None
-        self._handle(session)
-        self.counters["tool_calls"] += 1
-        result = await session.toolset.call(ToolCall(name, arguments))
-        return result.content, result.error
-
-    # -- env calls --------------------------------------------------------------------------
-
-    def _handle(self, session: _Session) -> EnvHandle:
-        if session.handle is None:
-            raise _EnvCallError(f"the session's env {self.env_id} could not be made",
-                                "env_exception")  # fmt: skip
-        return session.handle
-
-    async def _build(self) -> EnvHandle:
-        return await EnvHandle.build(self.make, self.env_id, dict(self.kwargs),
-                                     thread_name="serve-env")  # fmt: skip
-
-    async def _call(self, session: _Session, name: str, fn: Callable[[], Awaitable[Any]]) -> Any:
-        try:
-            async with asyncio.timeout(self.env_timeout_s):
-                return await fn()
-        except TimeoutError:
-            session.broken = True  # its worker thread (or coroutine) is stuck: end it
-            self.counters["env_timeouts"] += 1
-            raise _EnvCallError(
-                f"{name} took longer than {self.env_timeout_s:g} s on the env server "
-                "(agentrl serve-env --env-timeout-s); the session is closed", "env_timeout",
-            ) from None  # fmt: skip
-        except Exception as e:
-            self.counters["env_exceptions"] += 1
-            raise _EnvCallError(f"{name} raised {type(e).__name__}: {e}", "env_exception") from e
-
-    def _observation(self, session: _Session, obs: Any, where: str, truncated: bool,
-                     info: Mapping[str, Any]) -> dict[str, Any]:  # fmt: skip
-        try:
-            return P.text_observation(obs, truncated=truncated, info=info,
-                                      env_state=self._snapshot(session))  # fmt: skip
-        except TypeError as e:
-            raise _EnvCallError(
-                f"{self.env_id} {where} returned {e}; expected a str, or a list of "
-                "{'role': ..., 'content': str} messages", "env_bad_observation",
-            ) from None  # fmt: skip
-
-    def _snapshot(self, session: _Session) -> dict[str, Any] | None:
-        if session.handle is None:
-            return None
-        try:
-            return session.handle.get_state()
-        except Exception as e:  # the client then resumes by replaying the actions
-            logger.warning("%s get_state() raised %s: %s", self.env_id, type(e).__name__, e)
-            return None
-
-    def _tool_specs(self, session: _Session) -> list[dict[str, Any]]:
-        return [P.tool_spec(s) for s in (session.toolset.schemas if session.toolset else [])]
-
-    async def _close_env(self, session: _Session) -> None:
-        handle, session.handle = session.handle, None
-        if handle is None:
-            return
-        if session.toolset is not None:  # its tools' sessions (MCP) end with it
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.env_timeout_s):
-                    await session.toolset.aclose()
-        try:
-            if session.broken:  # its thread is stuck: close in a spare one, do not wait long
-                async with asyncio.timeout(1.0):
-                    await handle.close()
-            else:
-                async with asyncio.timeout(self.env_timeout_s):
-                    await handle.close()
-        except Exception as e:
-            logger.warning("closing a %s session's env failed: %s: %s", self.env_id,
-                           type(e).__name__, e)  # fmt: skip
-        finally:
-            handle.abandon()
-
-
-def _reset_args(data: Mapping[str, Any]) -> tuple[int | None, dict[str, Any] | None]:
-    seed, options = data.get("seed"), data.get("options")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-        raise P.Malformed(f"seed must be a non-negative integer or null, got {seed!r}")
-    if options is not None and not isinstance(options, dict):
-        raise P.Malformed(f"options must be an object or null, got {P.short(options)}")
-    return seed, options
 
 
 async def _json_body(request: web.Request) -> dict[str, Any]:
@@ -570,10 +348,6 @@ def _version() -> str:
         return importlib.metadata.version("agentrl")
     except importlib.metadata.PackageNotFoundError:
         return "unknown"
-
-
-def _dumps(message: Mapping[str, Any]) -> str:
-    return json.dumps(message, allow_nan=False)
 
 
 async def serve_env(server: EnvServer, host: str, port: int,

@@ -43,7 +43,7 @@ from agentrl import faults
 from agentrl.errors import ConfigError
 from agentrl.metrics import Metrics
 from agentrl.protocols import UpdateStats
-from agentrl.rollout.runner import EpisodeRunner
+from agentrl.rollout.base import Runner
 from agentrl.rollout.staleness import Staleness
 from agentrl.store import StoreWriter
 from agentrl.types import RequestId
@@ -53,14 +53,13 @@ POLICIES = ("resume", "keep", "drop")
 
 
 class RolloutController:
-    """Runs weight updates around a live :class:`EpisodeRunner`.
+    """Runs weight updates around a live :class:`~agentrl.rollout.base.Runner`.
 
     Implements :class:`~agentrl.protocols.WeightSync`, the only thing the trainer sees
     of it.
 
     Args:
-        runner: the runner whose episodes are paused; its admission gate is created
-            (open) if it has none.
+        runner: the runner whose episodes are paused (through its admission gate).
         writer: where paused episodes are checkpointed (None: no durable checkpoint).
         policy: ``resume``, ``keep`` or ``drop`` (see the module docs).
         max_staleness: with ``drop``, how many versions behind an episode may fall.
@@ -68,7 +67,7 @@ class RolloutController:
 
     def __init__(
         self,
-        runner: EpisodeRunner,
+        runner: Runner,
         *,
         writer: StoreWriter | None = None,
         policy: UpdatePolicy = "resume",
@@ -87,9 +86,6 @@ class RolloutController:
         self.max_staleness = max_staleness
         self.staleness = Staleness(max_staleness)
         self.metrics = metrics or runner.metrics
-        if runner.admission is None:
-            runner.admission = asyncio.Event()
-            runner.admission.set()
         self.admission = runner.admission
         self.history: list[UpdateStats] = []
         self._lock = asyncio.Lock()

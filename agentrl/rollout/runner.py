@@ -32,7 +32,6 @@ episode is offered to ``checkpoint`` as a
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import itertools
 import logging
@@ -41,7 +40,7 @@ from collections.abc import Callable
 from typing import Any
 
 from agentrl import faults
-from agentrl.chat import Conversation, as_messages
+from agentrl.chat import as_messages
 from agentrl.chat.formats import ChatFormat, resolve_chat_format
 from agentrl.config import RolloutConfig
 from agentrl.env import make_env
@@ -55,8 +54,6 @@ from agentrl.rollout.envside import (
     EnvCalls,
     checked_step,
     context_full,
-    current_state,
-    jsonable,
     log_step,
     log_tool,
     remote_failure,
@@ -69,6 +66,7 @@ from agentrl.rollout.episode import (
     EpisodeState,
     sampling,
 )
+from agentrl.rollout.records import oldest_sampled_version, snapshot_of, trajectory_of, turn_start
 from agentrl.rollout.turnstile import Turnstile
 from agentrl.tools import ParsedTurn
 from agentrl.trace import ROLLOUT, EpisodeTrace, Tracer
@@ -86,17 +84,10 @@ logger = logging.getLogger(__name__)
 _request_ids = itertools.count()
 
 
-def oldest_sampled_version(conversation: Conversation | None) -> int | None:
-    """The policy version of a conversation's oldest sampled token (None: none yet)."""
-    if conversation is None:
-        return None
-    versions = [
-        int(v)
-        for seg in conversation.segments
-        for v, m in zip(seg.versions, seg.loss_mask, strict=True)
-        if m
-    ]
-    return min(versions) if versions else None
+def _open_gate() -> asyncio.Event:
+    gate = asyncio.Event()
+    gate.set()
+    return gate
 
 
 class EpisodeRunner(EnvCalls):
@@ -110,6 +101,7 @@ class EpisodeRunner(EnvCalls):
         make: builds an env from an id and keyword arguments (default: Gymnasium).
         admission: awaited before every generation call; a weight update closes it to
             hold new requests back (see :class:`~agentrl.rollout.controller.RolloutController`).
+            None: a gate of its own, open.
         checkpoint: called with a :class:`PartialEpisode` at turn boundaries (the first,
             then at most once per ``rollout.checkpoint_interval_s``; the store writer
             batches them); None: no per-turn checkpoints.
@@ -140,7 +132,7 @@ class EpisodeRunner(EnvCalls):
         self.env_deadlines = Deadlines(self.config.env_timeout_s)
         self.metrics = metrics or Metrics()
         self.make = make
-        self.admission = admission
+        self.admission = admission if admission is not None else _open_gate()
         self.checkpoint = checkpoint
         self.live: dict[str, EpisodeProgress] = {}
         self._replay_checks: dict[str, int] = {}
@@ -256,7 +248,7 @@ class EpisodeRunner(EnvCalls):
                     if len(conversation) >= max_len:
                         status, reason = "truncated", context_full(max_len)
                         break
-                    start = self._turn_start(ep)
+                    start = turn_start(ep)
                     # Once per turn: a checkpoint taken at the admission gate, before
                     # the turn's first token, already holds this turn's start.
                     if not ep.turn_starts or ep.turn_starts[-1] != start:
@@ -344,51 +336,16 @@ class EpisodeRunner(EnvCalls):
         if failure is not None:
             self.metrics.count(f"failures/{failure}")
         if conversation is None:  # failed before the first render: an empty record
-            return [self._trajectory(ep, None, 0, status, reason, failure)]
+            return [trajectory_of(ep, None, 0, status, reason, failure)]
         self.metrics.count("template_new_segments", conversation.segments_started)
         self.metrics.count("template_reprefilled_tokens", conversation.reprefilled_tokens)
         return [
-            self._trajectory(ep, conversation, i, status, reason, failure)
+            trajectory_of(ep, conversation, i, status, reason, failure)
             for i in range(len(conversation.segments))
         ]
 
-    def _turn_start(self, ep: EpisodeState) -> dict[str, int]:
-        conv = ep.conversation
-        assert conv is not None
-        return {
-            "messages": len(conv.messages),
-            "segment": len(conv.segments) - 1,
-            "tokens": len(conv),
-            "env_steps": len(ep.env_log) - 1,
-            "rewards": len(ep.rewards),
-            "tool_calls": ep.tool_calls,
-        }
-
     def _snapshot(self, ep: EpisodeState) -> PartialEpisode:
-        conv = ep.conversation
-        handle = ep.handle
-        assert conv is not None and handle is not None
-        return PartialEpisode(
-            episode_id=ep.episode_id,
-            task=ep.task,
-            attempt=ep.attempt,
-            version=self.client.version,
-            started_version=ep.started_version,
-            segments=[s.arrays() for s in conv.segments],
-            messages=[dict(m) for m in conv.messages],
-            tools=conv.tools,
-            turn=conv.turn,
-            turn_sampled=len(ep.pending),
-            last_finish=conv.last_finish,
-            segments_started=conv.segments_started,
-            rewards=list(ep.rewards),
-            tool_calls=ep.tool_calls,
-            env_state=current_state(ep.env_log, handle),
-            env_log=[dict(e) for e in ep.env_log],
-            turn_starts=[dict(t) for t in ep.turn_starts],
-            timings=dataclasses.replace(ep.timings),
-            info=jsonable(ep.info),
-        )
+        return snapshot_of(ep, self.client.version)
 
     def _checkpoint(self, ep: EpisodeState, t_start: float) -> None:
         """Offer the episode at this turn boundary to ``checkpoint``: at its first one,
@@ -411,7 +368,6 @@ class EpisodeRunner(EnvCalls):
 
     async def _park(self, ep: EpisodeState) -> None:
         """Wait at the closed admission gate (a weight update is running)."""
-        assert self.admission is not None
         progress = ep.progress
         phase = progress.phase
         progress.set_phase("paused")
@@ -439,7 +395,7 @@ class EpisodeRunner(EnvCalls):
             # Through the turnstile first: from the gate's check to the request, nothing
             # may yield, or a request could reach the engine while a weight update runs.
             await self._turnstile.through()
-            if self.admission is not None and not self.admission.is_set():
+            if not self.admission.is_set():
                 await self._park(ep)
             room = self.client.max_model_len - len(conversation)
             max_tokens = min(budget - len(sampled), room)
@@ -484,41 +440,3 @@ class EpisodeRunner(EnvCalls):
             limit = self.client.max_model_len
             raise ContextFull(f"{context_full(limit)} (the engine refused it: {overflow})")
         return conversation.messages[-1]["content"], finish
-
-    def _trajectory(
-        self,
-        ep: EpisodeState,
-        conversation: Conversation | None,
-        index: int,
-        status: EpisodeStatus,
-        reason: str,
-        failure: FailureKind | None,
-    ) -> Trajectory:
-        if conversation is None:
-            arrays: dict[str, Any] = dict(token_ids=[], logprobs=[], versions=[], loss_mask=[],
-                                          spans=())  # fmt: skip
-            messages: list[dict[str, Any]] = []
-        else:
-            seg = conversation.segments[index]
-            arrays = dict(token_ids=seg.token_ids, logprobs=seg.logprobs, versions=seg.versions,
-                          loss_mask=seg.loss_mask, spans=tuple(seg.spans))  # fmt: skip
-            messages = conversation.messages
-        return Trajectory(
-            episode_id=ep.episode_id,
-            task_id=ep.task.task_id,
-            env_id=ep.task.env_id,
-            seed=ep.task.seed,
-            messages=messages,
-            turn_rewards=list(ep.rewards),
-            reward=float(sum(ep.rewards)),
-            status=status,
-            reason=reason,
-            failure=failure,
-            segment=index,
-            attempt=ep.attempt,
-            timings=ep.timings,
-            info=jsonable(ep.info),
-            env_log=ep.env_log,
-            turn_starts=ep.turn_starts,
-            **arrays,
-        )

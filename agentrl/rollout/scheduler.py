@@ -39,8 +39,8 @@ from agentrl.config import RolloutConfig
 from agentrl.errors import ConfigError
 from agentrl.metrics import Metrics
 from agentrl.queue import TrajectoryQueue
+from agentrl.rollout.base import Runner
 from agentrl.rollout.episode import EpisodeDropped
-from agentrl.rollout.runner import EpisodeRunner
 from agentrl.rollout.staleness import Staleness
 from agentrl.store import StoreWriter
 from agentrl.types import Group, PartialEpisode, Task, Trajectory
@@ -65,7 +65,7 @@ class Scheduler:
 
     def __init__(
         self,
-        runner: EpisodeRunner,
+        runner: Runner,
         queue: TrajectoryQueue,
         config: RolloutConfig | None = None,
         *,

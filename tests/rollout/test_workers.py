@@ -28,7 +28,8 @@ from agentrl.metrics import Metrics
 from agentrl.queue import TrajectoryQueue
 from agentrl.rollout import EpisodeRunner, RolloutConfig, Scheduler, tasks_for
 from agentrl.rollout.controller import RolloutController
-from agentrl.rollout.workers import WorkerRunner, _PromptsReceived, _PromptsSent, open_runner
+from agentrl.rollout.wire import PromptsReceived, PromptsSent
+from agentrl.rollout.workers import WorkerRunner, open_runner
 from agentrl.store import EpisodeStore, StoreWriter, schema
 from agentrl.store.schema import segment_columns
 from agentrl.types import RequestId, Trajectory
@@ -199,7 +200,7 @@ def test_a_prompt_crosses_as_what_it_adds_to_the_episodes_last_one() -> None:
     """A worker sends a turn's prompt as the tail after the episode's previous prompt when
     it extends it, whole when it does not (a new template segment, a shorter prompt);
     the main process rebuilds each exactly, and refuses a tail whose base it lacks."""
-    sent, received = _PromptsSent(), _PromptsReceived()
+    sent, received = PromptsSent(), PromptsReceived()
     rng = random.Random(0)
     first = [rng.randrange(50_000) for _ in range(5_000)]
     prompts = {
