@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from agentrl.cli import _parser, main
-from agentrl.cli.rollout import _rollout_config
 
 
-def config_of(*argv: str) -> object:
+def config_of(*argv: str) -> Any:
+    from agentrl.cli.rollout import _rollout_config
+
     args, extra = _parser().parse_known_args(["rollout", *argv])
     return _rollout_config(args, extra)
 
