@@ -17,6 +17,7 @@ from typing import Any
 
 import gymnasium as gym
 
+from agentrl.env import ENV_ENTRY_POINTS
 from agentrl.types import Task
 
 EXAMPLES = 3
@@ -40,8 +41,8 @@ def check_env_command(task: Task, env_log: Sequence[dict[str, Any]], upto: int) 
 
 
 def _registered_in(env_id: str) -> str | None:
-    """The module or file to ``--import`` for ``env_id``; None for agentrl's own envs
-    (and ids it cannot place)."""
+    """The module or file to ``--import`` for ``env_id``; None for envs every command
+    finds itself (agentrl's, Gymnasium's, installed plugins') and ids it cannot place."""
     spec = gym.registry.get(env_id)
     if spec is None:
         return None
@@ -52,9 +53,17 @@ def _registered_in(env_id: str) -> str | None:
         module = getattr(entry, "__module__", None) or ""
         if module.startswith("__"):  # run from a file (--import path.py): name the file
             return _file_of(entry)
-    if not module or module == "agentrl" or module.startswith(("agentrl.", "gymnasium")):
+    loaded_anyway = ("agentrl", "gymnasium", *_plugin_modules())  # found without --import
+    if not module or any(module == m or module.startswith(m + ".") for m in loaded_anyway):
         return None
     return module
+
+
+def _plugin_modules() -> list[str]:
+    """The modules of the ``agentrl.envs`` entry points (every command imports them)."""
+    import importlib.metadata
+
+    return [e.value for e in importlib.metadata.entry_points(group=ENV_ENTRY_POINTS)]
 
 
 def _file_of(entry: Any) -> str | None:

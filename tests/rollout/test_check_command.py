@@ -24,6 +24,9 @@ MOVES = ("reveal 1 2", "reveal 3 3", "reveal 0 4", "reveal 4 0")
 
 
 def test_the_command_names_kwargs_and_the_episodes_moves() -> None:
+    from agentrl.env import load_env_plugins
+
+    load_env_plugins()  # registers the shipped envs (from the top-level envs package)
     task = Task("t", "agentrl/GuessNumber-v0", 0, env_kwargs={"high": 30})
     log = [{"obs": []}, {"action": "Guess: 7"}, {"tool": "x", "arguments": {}}, {"action": "9"}]
     line = check_env_command(task, log, 3)
