@@ -37,7 +37,8 @@ def _check_env_parser(commands: Subparsers) -> None:
     _import_flag(check, "import this module or .py file first (where your env registers itself)")
     check.add_argument("--example-action", dest="example_actions", action="append", default=[],
                        metavar="TEXT", help="a move the env accepts, e.g. 'reveal 3 4' "
-                       "(repeatable): explored from, with its numbers varied")  # fmt: skip
+                       "(repeatable): explored from, with its numbers varied; an env may list "
+                       "its own in an example_actions attribute")  # fmt: skip
     check.add_argument("--kwargs", type=json.loads, default={}, metavar="JSON",
                        help="keyword arguments for the env, e.g. '{\"high\": 30}'")  # fmt: skip
 
