@@ -223,7 +223,7 @@ def _examples(make: Callable[[], gym.Env[Any, Any]], given: Sequence[str]) -> tu
     if isinstance(own, str) or not all(isinstance(a, str) for a in own):
         raise ConfigError(f"{type(env.unwrapped).__name__}.example_actions = {own!r:.80}; "
                           "give a list of action strings")  # fmt: skip
-    return tuple(dict.fromkeys([*given, *own]))
+    return tuple(dict.fromkeys([*([given] if isinstance(given, str) else given), *own]))
 
 
 _NUMBER = re.compile(r"\d+")

@@ -78,8 +78,12 @@ def _sets_group_size(config_file: str | None, overrides: list[str]) -> bool:
         return True
     if config_file is None or not Path(config_file).is_file():
         return False  # a missing file is RunConfig.load's to report
-    with open(config_file, "rb") as f:
-        return "group_size" in tomllib.load(f).get("rollout", {})
+    try:
+        with open(config_file, "rb") as f:
+            rollout = tomllib.load(f).get("rollout")
+    except (OSError, tomllib.TOMLDecodeError):  # RunConfig.load says what is wrong
+        return False
+    return isinstance(rollout, dict) and "group_size" in rollout
 
 
 def _stoppable(coro: Coroutine[Any, Any, dict[str, Any]], job: RolloutJob, out: Path) -> int:

@@ -35,3 +35,14 @@ def test_an_unknown_env_is_the_first_error(capsys: pytest.CaptureFixture[str]) -
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "'nope/Missing-v0' is not registered" in lines[0], lines
     assert "multiple" not in lines[0]  # before: "--episodes (3) must be a positive multiple"
+
+
+@pytest.mark.timeout(60)
+def test_a_bad_config_file_is_reported_by_the_config_loader(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]
+                                                            ) -> None:  # fmt: skip
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[rollout\ngroup_size = 2\n")
+    assert main(["rollout", "agentrl/GuessNumber-v0", "--config", str(bad)]) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "bad.toml" in lines[0], lines  # one line, no traceback
