@@ -5,6 +5,7 @@ transformers. Heavy modules (``agentrl.models``, ``agentrl.inference``) import t
 lazily, when a model is built or an engine is started.
 """
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agentrl.errors import AgentRLError, EpisodeError, InfraError
@@ -12,11 +13,14 @@ from agentrl.errors import AgentRLError, EpisodeError, InfraError
 __all__ = ["AgentRLError", "EpisodeError", "InfraError", "__version__", "check_env", "from_gym"]
 
 
-def check_env(env: Any, *, tokenizer: Any = None, raise_on_failure: bool = True) -> list[Any]:
+def check_env(env: Any, *, tokenizer: Any = None, raise_on_failure: bool = True,
+              example_actions: Sequence[str] = (),
+              kwargs: Mapping[str, Any] | None = None) -> list[Any]:  # fmt: skip
     """Check an env id, instance or factory; see :func:`agentrl.check.check_env`."""
     from agentrl.check import check_env as run_checks
 
-    return run_checks(env, tokenizer=tokenizer, raise_on_failure=raise_on_failure)
+    return run_checks(env, tokenizer=tokenizer, raise_on_failure=raise_on_failure,
+                      example_actions=example_actions, kwargs=kwargs)  # fmt: skip
 
 
 def from_gym(env_id: str, **kwargs: Any) -> Any:

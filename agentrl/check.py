@@ -10,7 +10,11 @@ Rules, each reported by name with what the env did and what was expected:
 
 Both explore with actions beyond a fixed script: words and numbers the env's own
 observations mention (and an adapter's action names) are tried, chosen by a local
-seeded RNG, so moves that draw at step time are made and replayed.
+seeded RNG, so moves that draw at step time are made and replayed. Moves in a syntax
+none of those produce (``reveal 3 4``) are reached from example actions: given to
+:func:`check_env` (``agentrl check-env ID --example-action TEXT``) or listed by the env
+in an ``example_actions`` attribute; half the explored moves are those examples, their
+numbers changed to others (0-9 and those the observation mentions).
 * ``state-round-trip``: ``get_state`` is JSON-serialisable and ``set_state`` of it
   continues the episode identically (only for envs that implement both);
 * ``robust-actions``: empty, huge, non-UTF-8-ish and garbage actions give an
@@ -31,7 +35,7 @@ import dataclasses
 import json
 import random
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -87,8 +91,9 @@ def _ended(transcript: list[Any]) -> bool:
     return len(transcript) > 1 and (transcript[-1][2] or transcript[-1][3])
 
 
-def _factory(env: Any) -> Callable[[], gym.Env[Any, Any]]:
-    """Fresh instances of ``env`` (an id, a factory, or an instance) for each check."""
+def _factory(env: Any, kwargs: Mapping[str, Any]) -> Callable[[], gym.Env[Any, Any]]:
+    """Fresh instances of ``env`` (an id, a factory, or an instance) for each check;
+    ``kwargs`` go to an id's constructor."""
     if isinstance(env, str):
         load_env_plugins()
         if env not in gym.registry:
@@ -98,7 +103,7 @@ def _factory(env: Any) -> Callable[[], gym.Env[Any, Any]]:
                 f"import the module that registers it first (agentrl check-env ID --import "
                 f"MODULE_OR_FILE)"
             )
-        return lambda: make_env(env)
+        return lambda: make_env(env, **kwargs)
     if callable(env) and not isinstance(env, gym.Env):
         return env
     spec = getattr(env, "spec", None)
@@ -119,6 +124,8 @@ def check_env(
     *,
     tokenizer: Any = None,
     raise_on_failure: bool = True,
+    example_actions: Sequence[str] = (),
+    kwargs: Mapping[str, Any] | None = None,
 ) -> list[RuleResult]:
     """Run every rule on an env id, instance or factory; raise :class:`EnvCheckError`.
 
@@ -127,12 +134,16 @@ def check_env(
         tokenizer: a transformers tokenizer with a chat template for the
             prefix-preserving rule; defaults to the tiny model's.
         raise_on_failure: raise if any rule failed (else just return the results).
+        example_actions: moves the env accepts (``"reveal 3 4"``); the determinism and
+            isolation rules explore from them, besides the env's ``example_actions``.
+        kwargs: keyword arguments for the constructor of an env given by id.
     """
-    make = _factory(env)
+    make = _factory(env, kwargs or {})
+    examples = lambda: _examples(make, example_actions)  # noqa: E731  (inside each rule)
     rules: list[tuple[str, Callable[[], str | None]]] = [
         ("gymnasium", lambda: _gymnasium(make)),
-        ("seeded-determinism", lambda: _determinism(make)),
-        ("isolation", lambda: _isolation(make)),
+        ("seeded-determinism", lambda: _determinism(make, examples())),
+        ("isolation", lambda: _isolation(make, examples())),
         ("state-round-trip", lambda: _state_round_trip(make)),
         ("robust-actions", lambda: _robust_actions(make)),
         ("prefix-preserving", lambda: _prefix_preserving(make, tokenizer)),
@@ -154,7 +165,7 @@ def tool_sandboxes(
 ) -> list[ToolSandbox]:
     """The sandbox mode of each tool of ``env`` that runs model-written code (none for an
     env without such tools). Probes the mechanisms once per process."""
-    instance = _factory(env)()
+    instance = _factory(env, {})()
     try:
         tools = tuple(getattr(instance.unwrapped, "tools", ()) or ())
     finally:
@@ -202,8 +213,34 @@ def _candidates(env: gym.Env[Any, Any], obs: Any) -> list[str]:
     return [*SCRIPT, *names, *words, *(f"Answer: {w}" for w in words if w.isdigit())]
 
 
-def _explore(make: Callable[[], gym.Env[Any, Any]], seed: int) -> tuple[list[Any], list[str]]:
-    """One episode under actions drawn (by a local RNG) from :func:`_candidates`."""
+def _examples(make: Callable[[], gym.Env[Any, Any]], given: Sequence[str]) -> tuple[str, ...]:
+    """The example actions given, then the env's own ``example_actions``."""
+    env = make()
+    try:
+        own = getattr(env.unwrapped, "example_actions", ()) or ()
+    finally:
+        env.close()
+    if isinstance(own, str) or not all(isinstance(a, str) for a in own):
+        raise ConfigError(f"{type(env.unwrapped).__name__}.example_actions = {own!r:.80}; "
+                          "give a list of action strings")  # fmt: skip
+    return tuple(dict.fromkeys([*([given] if isinstance(given, str) else given), *own]))
+
+
+_NUMBER = re.compile(r"\d+")
+
+
+def _from_example(chooser: random.Random, examples: Sequence[str], obs: Any) -> str:
+    """An example action, each of its numbers kept or changed to one worth trying."""
+    text = json.dumps(obs) if not isinstance(obs, str) else obs
+    numbers = [*map(str, range(10)), *_NUMBER.findall(text)[:20]]
+    return _NUMBER.sub(lambda m: m.group() if chooser.random() < 0.3 else chooser.choice(numbers),
+                       chooser.choice(examples))  # fmt: skip
+
+
+def _explore(make: Callable[[], gym.Env[Any, Any]], seed: int,
+             examples: Sequence[str] = ()) -> tuple[list[Any], list[str]]:  # fmt: skip
+    """One episode under actions drawn (by a local RNG) from :func:`_candidates`, and
+    half of them from ``examples`` (:func:`_from_example`) when there are any."""
     chooser = random.Random(seed)
     env = make()
     try:
@@ -211,7 +248,10 @@ def _explore(make: Callable[[], gym.Env[Any, Any]], seed: int) -> tuple[list[Any
         transcript: list[Any] = [obs]
         actions: list[str] = []
         while len(actions) < EXPLORE_STEPS and not _ended(transcript):
-            action = chooser.choice(_candidates(env, obs))
+            if examples and chooser.random() < 0.5:
+                action = _from_example(chooser, examples, obs)
+            else:
+                action = chooser.choice(_candidates(env, obs))
             actions.append(action)
             step = _record(env, action)
             obs = step[0]
@@ -257,10 +297,10 @@ _GLOBAL_RNG_HINT = (
 )
 
 
-def _determinism(make: Callable[[], gym.Env[Any, Any]]) -> str | None:
+def _determinism(make: Callable[[], gym.Env[Any, Any]], examples: Sequence[str]) -> str | None:
     for seed in EXPLORE_SEEDS:
         with _global_rngs(1):
-            first, actions = _explore(make, seed)
+            first, actions = _explore(make, seed, examples)
         with _global_rngs(2):
             env = make()
             try:
@@ -277,10 +317,11 @@ def _determinism(make: Callable[[], gym.Env[Any, Any]]) -> str | None:
     return None
 
 
-def _isolation(make: Callable[[], gym.Env[Any, Any]]) -> str | None:
+def _isolation(make: Callable[[], gym.Env[Any, Any]], examples: Sequence[str]) -> str | None:
     for seed_a, seed_b in ((1, 2), (3, 4), (5, 6)):
         with _global_rngs(0):
-            (alone_a, acts_a), (alone_b, acts_b) = _explore(make, seed_a), _explore(make, seed_b)
+            alone_a, acts_a = _explore(make, seed_a, examples)
+            alone_b, acts_b = _explore(make, seed_b, examples)
         with _global_rngs(12345):
             got_a, got_b = _interleaved(make, (seed_a, acts_a), (seed_b, acts_b))
         if (got_a, got_b) != (alone_a, alone_b):

@@ -103,6 +103,7 @@ def load_rows(dataset: str, split: str, mtime: float) -> tuple[dict[str, Any], .
     Raises:
         ConfigError: the dataset or the split cannot be read, or the split is empty.
     """
+    _refuse_missing_local(dataset)  # before the hub is tried (30 s, then a hub error)
     import datasets
 
     datasets.disable_progress_bars()
@@ -132,6 +133,32 @@ def load_rows(dataset: str, split: str, mtime: float) -> tuple[dict[str, Any], .
     if len(data) == 0:
         raise ConfigError(f"env.kwargs.split = {split!r} of {dataset!r} is empty")
     return tuple(data)
+
+
+def _looks_local(dataset: str) -> bool:
+    """Whether ``dataset`` names a local file or folder rather than a hub dataset: a data
+    file's suffix, a path that starts at ``/``, ``.`` or ``~``, a backslash, more than
+    one ``/`` (a hub name is ``name`` or ``owner/name``), or a first part that is a local
+    folder (``data/nope`` where ``data/`` exists)."""
+    return (
+        Path(dataset).suffix.lower() in {*_BUILDERS, ".txt", ".tsv", ".arrow"}
+        or dataset.startswith(("/", ".", "~"))
+        or "\\" in dataset
+        or dataset.count("/") > 1
+        or ("/" in dataset and Path(dataset.split("/", 1)[0]).is_dir())
+    )
+
+
+def _refuse_missing_local(dataset: str) -> None:
+    path = Path(dataset).expanduser()
+    if _looks_local(dataset) and not path.exists():
+        folder = path.absolute().parent
+        seen = "" if folder.is_dir() else " (that folder does not exist either)"
+        raise ConfigError(
+            f"env.dataset = {dataset!r}: no such file or folder; looked in {str(folder)!r}"
+            f"{seen}. A path is relative to the folder the command runs in; a hub dataset "
+            f"is named 'name' or 'owner/name'"
+        )
 
 
 class DatasetEnv(TextEnv):

@@ -156,3 +156,40 @@ def test_an_unknown_id_is_one_clear_error() -> None:
     assert out.stdout == ""
     lines = [line for line in out.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "nope/Missing-v0" in lines[0] and "--import" in lines[0], lines
+
+
+MINES = str(Path(__file__).with_name("mines_env.py"))
+
+
+@pytest.mark.timeout(120)
+def test_a_step_time_draw_reached_only_through_example_actions_is_flagged() -> None:
+    """Moves are "reveal R C"; the explorer alone never makes one, so the draw at the
+    first reveal is not seen. Example actions (given, or the env's own) reach it."""
+    import runpy
+
+    runpy.run_path(MINES)
+    alone = {r.rule: r for r in check_env("user/Mines-v0", raise_on_failure=False)}
+    assert alone["seeded-determinism"].passed and alone["isolation"].passed  # the blind spot
+    for results in (
+        check_env("user/Mines-v0", raise_on_failure=False, example_actions=["reveal 1 2"]),
+        check_env("user/MinesExamples-v0", raise_on_failure=False),  # its example_actions
+    ):
+        rules = {r.rule: r for r in results}
+        assert not rules["seeded-determinism"].passed, rules["seeded-determinism"]
+        assert "random" in rules["seeded-determinism"].detail
+        assert "reveal" in rules["seeded-determinism"].detail  # the move that differed
+        assert not rules["isolation"].passed
+        assert rules["robust-actions"].passed and rules["gymnasium"].passed
+
+
+@pytest.mark.timeout(120)
+def test_cli_example_actions_and_kwargs() -> None:
+    cli = [sys.executable, "-m", "agentrl.cli", "check-env"]
+    out = subprocess.run([*cli, "user/Mines-v0", "--import", MINES, "--example-action",
+                          "reveal 0 0"], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "FAIL  seeded-determinism" in out.stdout
+    ok = subprocess.run([*cli, "agentrl/GuessNumber-v0", "--kwargs", '{"high": 30}',
+                         "--example-action", "Guess: 7"], capture_output=True, text=True,
+                        timeout=120)  # fmt: skip
+    assert ok.returncode == 0 and "all rules passed" in ok.stdout, ok.stdout + ok.stderr

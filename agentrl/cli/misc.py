@@ -27,15 +27,17 @@ CALCULATOR_SCHEMA = {
 
 def _check_env(args: argparse.Namespace, extra: list[str]) -> int:
     from agentrl.check import check_env, tool_sandboxes
-    from agentrl.env import import_env_modules, load_env_plugins
+    from agentrl.env import import_env_modules, load_env_plugins, make_env
 
     env_id = args.env_id
     load_env_plugins()
     import_env_modules(args.imports, key="--import")
-    results = check_env(env_id, raise_on_failure=False)
+    results = check_env(env_id, raise_on_failure=False, example_actions=args.example_actions,
+                        kwargs=args.kwargs)  # fmt: skip
     for r in results:
         print(f"{'PASS' if r.passed else 'FAIL'}  {r.rule:<20} {'' if r.passed else r.detail}")
-    for sandbox in tool_sandboxes(env_id):  # which isolation its model-written code gets
+    built = (lambda: make_env(env_id, **args.kwargs)) if args.kwargs else env_id
+    for sandbox in tool_sandboxes(built):  # which isolation its model-written code gets
         label = "tool " + sandbox.tool
         print(f"{'INFO' if sandbox.mechanism else 'WARN'}  {label:<20} {sandbox.detail}")
     failed = [r.rule for r in results if not r.passed]

@@ -35,6 +35,12 @@ def _check_env_parser(commands: Subparsers) -> None:
     check = commands.add_parser("check-env", help="run Gymnasium's and agentrl's env checks")
     check.add_argument("env_id", help="a registered id, e.g. agentrl/Calculator-v0")
     _import_flag(check, "import this module or .py file first (where your env registers itself)")
+    check.add_argument("--example-action", dest="example_actions", action="append", default=[],
+                       metavar="TEXT", help="a move the env accepts, e.g. 'reveal 3 4' "
+                       "(repeatable): explored from, with its numbers varied; an env may list "
+                       "its own in an example_actions attribute")  # fmt: skip
+    check.add_argument("--kwargs", type=json.loads, default={}, metavar="JSON",
+                       help="keyword arguments for the env, e.g. '{\"high\": 30}'")  # fmt: skip
 
 
 def _check_model_parser(commands: Subparsers) -> None:
@@ -62,9 +68,12 @@ def _rollout_parser(commands: Subparsers) -> None:
     roll.add_argument("--config", default=None, metavar="TOML",
                       help="a config file; its [model], [env], [inference] and [rollout] "
                       "apply")  # fmt: skip
-    roll.add_argument("--episodes", type=int, default=64)
+    roll.add_argument("--episodes", type=int, default=64, metavar="N",
+                      help="episodes to run (default 64), a multiple of --group-size")  # fmt: skip
     _shortcut(roll, "--model", "model.path", str, "'tiny', a model folder, or a hub name")
-    _shortcut(roll, "--group-size", "rollout.group_size", int, "episodes per task (same seed)")
+    roll.add_argument("--group-size", type=int, default=None, dest="key:rollout.group_size",
+                      metavar="N", help="episodes per task, sharing its seed (sets "
+                      "rollout.group_size; default 1 here, unless --config sets it)")  # fmt: skip
     _shortcut(roll, "--concurrency", "rollout.concurrency", int, "episodes running at once")
     _shortcut(roll, "--max-turns", "rollout.max_turns", int, "assistant turns per episode")
     _shortcut(roll, "--max-tokens", "rollout.max_tokens_per_turn", int, "per assistant turn")
@@ -129,7 +138,8 @@ def _train_parser(commands: Subparsers) -> None:
     train = commands.add_parser(
         "train",
         help="train an agent: agentrl train CONFIG.toml [--section.key=value ...]",
-        description="Run the job a TOML config describes (see agentrl/config.py for every key). "
+        description="Run the job a TOML config describes (every key, its default and what it "
+        "does: `agentrl config --defaults`). "
         'Overrides: --section.key=value, the value read as TOML (3e-4, true, "text").',
     )
     train.add_argument("config", nargs="?", help="the run's TOML config")
@@ -270,7 +280,8 @@ def _shortcut(parser: argparse.ArgumentParser, flag: str, key: str, kind: type,
     """A flag that sets one config key; its default is the config tree's."""
     from agentrl.config.reference import default_of
 
-    parser.add_argument(flag, type=kind, default=None, dest=f"key:{key}",
+    metavar = {int: "N", float: "X"}.get(kind, flag.lstrip("-").upper())  # not dest's KEY:...
+    parser.add_argument(flag, type=kind, default=None, dest=f"key:{key}", metavar=metavar,
                         help=f"{text} (sets {key}; default {default_of(key)!r})")  # fmt: skip
 
 

@@ -15,11 +15,11 @@ from agentrl.cli.parsers import _overrides
 from agentrl.lifecycle import Stopped, ensure_reaper, run_stoppable
 
 if TYPE_CHECKING:
+    from agentrl.config import RunConfig
     from agentrl.rollout.job import RolloutJob
 
 
 def _rollout(args: argparse.Namespace, extra: list[str]) -> int:
-    from agentrl.config import RunConfig
     from agentrl.env import import_env_modules, load_env_plugins
     from agentrl.errors import ConfigError
     from agentrl.rollout.job import RolloutJob, resumed_job, run_rollout
@@ -33,7 +33,23 @@ def _rollout(args: argparse.Namespace, extra: list[str]) -> int:
         job = resumed_job(Path(args.out), args.env_id)
         import_env_modules([i for i in job.config.env.imports if i not in args.imports])
         return _stoppable(run_rollout(job, resume=True), job, Path(args.out))
+    config = _rollout_config(args, extra)
+    out = Path(args.out or f"runs/rollout-{time.strftime('%Y%m%d-%H%M%S')}")
+    job = RolloutJob(config=config, episodes=args.episodes, out_dir=out)
+    return _stoppable(run_rollout(job), job, out)
+
+
+def _rollout_config(args: argparse.Namespace, extra: list[str]) -> RunConfig:
+    """The rollout's config: --config, the overrides, the flags. One episode per task
+    (``rollout.group_size = 1``) unless one of them sets it; the env is checked (it is
+    registered and takes its kwargs) before anything else is."""
+    from agentrl.config import RunConfig
+    from agentrl.env import check_env_config, import_env_modules
+    from agentrl.errors import ConfigError
+
     overrides = _overrides(args, extra)
+    if not _sets_group_size(args.config, overrides):  # not training's group size (8)
+        overrides.insert(0, "--rollout.group_size=1")
     if args.env_id is not None:
         overrides.append(f"--env.id={json.dumps(args.env_id)}")
     if args.imports:
@@ -50,9 +66,24 @@ def _rollout(args: argparse.Namespace, extra: list[str]) -> int:
     if not config.env.id:
         raise ConfigError("give the env id to roll out (or --resume --out RUN_DIR)")
     import_env_modules(config.env.imports)
-    out = Path(args.out or f"runs/rollout-{time.strftime('%Y%m%d-%H%M%S')}")
-    job = RolloutJob(config=config, episodes=args.episodes, out_dir=out)
-    return _stoppable(run_rollout(job), job, out)
+    check_env_config(config.env)  # an unknown env id is the first thing said
+    return config
+
+
+def _sets_group_size(config_file: str | None, overrides: list[str]) -> bool:
+    """Whether the config file or an override (or --group-size) sets rollout.group_size."""
+    import tomllib
+
+    if any(o.startswith("--rollout.group_size=") for o in overrides):
+        return True
+    if config_file is None or not Path(config_file).is_file():
+        return False  # a missing file is RunConfig.load's to report
+    try:
+        with open(config_file, "rb") as f:
+            rollout = tomllib.load(f).get("rollout")
+    except (OSError, tomllib.TOMLDecodeError):  # RunConfig.load says what is wrong
+        return False
+    return isinstance(rollout, dict) and "group_size" in rollout
 
 
 def _stoppable(coro: Coroutine[Any, Any, dict[str, Any]], job: RolloutJob, out: Path) -> int:

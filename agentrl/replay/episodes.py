@@ -51,11 +51,16 @@ class Recorded:
     state: str
     trajectories: list[Trajectory]
     partial: PartialEpisode | None
+    stored_task: Task | None = None
+    """The store's row of its task (with the env's ``kwargs`` and the reset ``options``,
+    which the trajectory does not hold); None: rebuilt from the trajectory."""
 
     @property
     def task(self) -> Task:
         if self.partial is not None:
             return self.partial.task
+        if self.stored_task is not None:
+            return self.stored_task
         t = self.trajectories[0]
         return Task(t.task_id, t.env_id, t.seed if t.seed is not None else 0)
 
@@ -84,8 +89,12 @@ class Recorded:
         ]
 
 
-def load(store: EpisodeStore, episode_id: str, attempt: int | None = None) -> Recorded:
-    """An episode's latest attempt (or ``attempt``): ended or checkpointed."""
+def load(store: EpisodeStore, episode_id: str, attempt: int | None = None, *,
+         tasks: dict[str, Task] | None = None) -> Recorded:  # fmt: skip
+    """An episode's latest attempt (or ``attempt``): ended or checkpointed.
+
+    ``tasks``: the store's tasks by id (read from the store when not given).
+    """
     rows = [r for r in store.episodes() if r["episode_id"] == episode_id]
     if attempt is not None:
         rows = [r for r in rows if r["attempt"] == attempt]
@@ -107,7 +116,10 @@ def load(store: EpisodeStore, episode_id: str, attempt: int | None = None) -> Re
             f"episode {episode_id!r} attempt {row['attempt']} is {row['state']!r} and has no "
             f"checkpoint yet (it was killed before its first turn ended); nothing to show"
         )
-    return Recorded(episode_id, row["attempt"], row["state"], trajectories, None)
+    if tasks is None:
+        tasks = {t.task_id: t for t in store.tasks()}
+    task = tasks.get(trajectories[0].task_id)
+    return Recorded(episode_id, row["attempt"], row["state"], trajectories, None, task)
 
 
 def list_episodes(store: EpisodeStore, **filters: Any) -> Table:
@@ -283,16 +295,24 @@ def export(
 ) -> int:
     """Write episodes as JSONL (ended: trajectories; unfinished: checkpoints).
 
-    ``only``: these episodes; otherwise every episode matching ``filters``.
+    ``only``: these episodes; otherwise every episode matching ``filters``. The folders
+    ``path`` names are made if missing.
     """
     if only is None:
         only = []
+        tasks = {t.task_id: t for t in store.tasks()}
         for row in store.episodes(**filters):
             try:
-                only.append(load(store, row["episode_id"], row["attempt"]))
+                only.append(load(store, row["episode_id"], row["attempt"], tasks=tasks))
             except ConfigError:  # started, killed before its first checkpoint
                 continue
-    with path.open("w") as sink:
+    try:  # a new folder for the export is made; one that cannot be is said in one line
+        path.parent.mkdir(parents=True, exist_ok=True)
+        sink = path.open("w")
+    except OSError as e:
+        raise ConfigError(f"--export {str(path)!r}: cannot write there ({e.strerror or e}); "
+                          "choose another file") from None  # fmt: skip
+    with sink:
         for recorded in only:
             if recorded.partial is not None:
                 arrays = {k: _jsonable(v) for k, v in recorded.partial.concatenated().items()}

@@ -224,4 +224,4 @@ async def continue_episode(
         if policy.cleanup:
             shutil.rmtree(policy.cleanup, ignore_errors=True)
     store.save_episode(trajectories, origin="replay")
-    return Recorded(new_id, 0, trajectories[0].status, trajectories, None)
+    return Recorded(new_id, 0, trajectories[0].status, trajectories, None, partial.task)

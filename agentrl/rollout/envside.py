@@ -27,6 +27,7 @@ from agentrl.env import EnvHandle, supports_state
 from agentrl.errors import InfraError, RemoteEnvError
 from agentrl.lanes import Deadlines
 from agentrl.metrics import Metrics
+from agentrl.rollout.check_command import check_env_command
 from agentrl.rollout.episode import EnvFailure, EpisodeState
 from agentrl.rollout.verify import verify_log
 from agentrl.tools import ToolCall, ToolResult, ToolSet
@@ -66,12 +67,12 @@ class EnvCalls:
             async with self.env_deadlines():
                 env = await asyncio.to_thread(make)
                 result = await asyncio.to_thread(verify_log, env, ep.task, ep.env_log)
-            difference = result.difference
+            difference, upto = result.difference, result.steps
         except RemoteEnvError as e:  # its env server went away: nothing was learnt
             logger.info("the replay check of %s was skipped: %s", ep.episode_id, e)
             return
         except Exception as e:  # a replay that raises does not replay either
-            difference = f"replaying raised {type(e).__name__}: {e}"
+            difference, upto = f"replaying raised {type(e).__name__}: {e}", len(ep.env_log)
         if difference is None:
             return
         self.metrics.count("episodes_not_replayable")
@@ -82,9 +83,9 @@ class EnvCalls:
             logger.warning(
                 "episode %s of %s does not replay from its seed (%s); its episodes cannot be "
                 "resumed by replay or checked with `agentrl replay --verify`. The env likely "
-                "draws from process-wide state such as the `random` module: `agentrl "
-                "check-env %s` shows it; draw from self.np_random instead",
-                ep.episode_id, env_id, difference, env_id,
+                "draws from process-wide state such as the `random` module: `%s` shows it "
+                "(it explores from this episode's moves); draw from self.np_random instead",
+                ep.episode_id, env_id, difference, check_env_command(ep.task, ep.env_log, upto),
             )  # fmt: skip
 
     async def _close(self, ep: EpisodeState) -> None:

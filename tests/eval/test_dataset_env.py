@@ -152,3 +152,38 @@ def test_a_verifier_that_raises_later_fails_only_that_episode(data: Path, verifi
     env.reset(seed=1)
     with pytest.raises(RuntimeError, match=r"verifier .*:picky raised on row 1: ValueError"):
         env.step("boom")  # the rollout engine records this as a failed episode
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("spec", ["data/nope.jsonl", "data/nope", "./nope", "nope.parquet"])
+def test_a_missing_local_path_is_said_at_once_and_never_tried_on_the_hub(
+    tmp_path: Path, verifiers: str, monkeypatch: pytest.MonkeyPatch, spec: str
+) -> None:
+    """A spec that looks like a path (a data file's suffix, a folder that exists) is
+    looked for here only; before, "data/nope.jsonl" went to the hub: 30 s, then an error
+    about the hub."""
+    import time
+
+    from agentrl.config.sections import EnvConfig
+    from agentrl.env import check_env_config
+
+    (tmp_path / "data").mkdir()
+    monkeypatch.chdir(tmp_path)
+    env = EnvConfig(dataset=spec, kwargs={"verifier": f"{verifiers}:exact"})
+    started = time.monotonic()
+    with pytest.raises(ConfigError) as raised:
+        check_env_config(env)  # what train, rollout and eval run before vLLM starts
+    took = time.monotonic() - started
+    folder = str((tmp_path / spec).parent)
+    assert f"env.dataset = {spec!r}: no such file or folder; looked in {folder!r}" in str(
+        raised.value
+    ), raised.value
+    assert "hub" not in str(raised.value).split(";")[0].lower()
+    assert took < 2.0, f"{took:.1f} s"
+
+
+def test_hub_names_are_not_taken_for_local_paths(tmp_path: Path) -> None:
+    from agentrl.dataset_env import _looks_local
+
+    assert not _looks_local("gsm8k") and not _looks_local("openai/gsm8k")
+    assert _looks_local("data/x.csv") and _looks_local("../x") and _looks_local("a/b/c")

@@ -2,9 +2,11 @@
 
 {rollout run, train run} x {a shipped env, an env registered only by a user module
 passed with --import / env.imports} x {show, --verify, --fork-at, --resume, --export},
-through the real CLI and real vLLM. Each run is SIGKILLed part-way, once its store holds
-an ended episode and a durable checkpoint of an unfinished one, so that it holds
-unfinished episodes to --resume, as a crashed run does.
+through the real CLI and real vLLM. The train run of the shipped env configures it with
+``[env] kwargs`` (as the guess-number example does): verify, fork and resume must rebuild
+it with them, and the rollout's replay check must not flag its episodes. Each run is
+SIGKILLed part-way, once its store holds an ended episode and a durable checkpoint of an
+unfinished one, so that it holds unfinished episodes to --resume, as a crashed run does.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from tests.faults.harness import AGENTRL, Proc
 
 LEDGER = str(Path(__file__).with_name("ledger_env.py"))
 ENVS = {"shipped": "agentrl/GuessNumber-v0", "user": "user/Ledger-v0"}
+KWARGS = {"shipped": "{low = 1, high = 30, max_guesses = 8}", "user": "{}"}
 
 TRAIN = """
 [run]
@@ -32,6 +35,7 @@ name = "matrix"
 [env]
 id = "{env_id}"
 imports = {imports}
+kwargs = {kwargs}
 [rollout]
 group_size = 2
 concurrency = 8
@@ -77,7 +81,8 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
                 "--out", str(out), *(a for i in imports for a in ("--import", i))]  # fmt: skip
     else:
         config = tmp / "train.toml"
-        config.write_text(TRAIN.format(env_id=ENVS[env], imports=json.dumps(imports)))
+        config.write_text(TRAIN.format(env_id=ENVS[env], imports=json.dumps(imports),
+                                       kwargs=KWARGS[env]))  # fmt: skip
         args = [AGENTRL, "train", str(config), f'--run.out="{out}"']
     proc = Proc(args, tmp / "log.txt", env=environ)
     _kill_once_ended_and_unfinished(proc, out)
@@ -201,6 +206,17 @@ def test_show_verify_fork_resume_export(run: Run, tmp_path: Path) -> None:
     resumed = replay(run, unfinished, "--resume")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "stored as" in resumed.stdout
+
+    # The new episodes ran on the env as the run configured it (its kwargs): they replay.
+    for done in (forked, resumed):
+        new_id = done.stdout.rsplit("stored as ", 1)[1].split()[0]
+        again = replay(run, new_id, "--verify")
+        assert again.returncode == 0 and "matches" in again.stdout, again.stdout + again.stderr
+    with EpisodeStore.open(run.out, create=False) as store:
+        flagged = [t.episode_id for t in store.all_trajectories() if "not_replayable" in t.info]
+        if run.kind == "train" and run.env == "shipped":
+            assert {t.env_kwargs["high"] for t in store.tasks()} == {30}
+    assert not flagged, f"the rollout's replay check flagged {flagged}"
 
     out = tmp_path / "one.jsonl"
     exported = replay(run, ended, "--export", str(out))
