@@ -182,7 +182,23 @@ def headline(status: Mapping[str, Any]) -> list[tuple[str, str]]:
                  f"{t.get('training_s', 0.0) / wall:.0%}  weight sync "
                  f"{t.get('publish_s', 0.0) / wall:.0%}  of {wall:.0f} s"),
         *_servers(status.get("servers") or []),
+        *_health(status.get("health") or []),
     ]  # fmt: skip
+
+
+def _health(warnings: list[Mapping[str, Any]]) -> list[tuple[str, str]]:
+    """The health warnings of the run (the last few), newest last; none: no line."""
+    if not warnings:
+        return []
+    text = "  |  ".join(f"{w.get('rule')} at step {w.get('step')}: {w.get('message')}"
+                        for w in warnings[-3:])  # fmt: skip
+    return [("health", f"[yellow]{_escape(text)}[/]")]
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
 
 
 def _servers(servers: list[Mapping[str, Any]]) -> list[tuple[str, str]]:
@@ -268,6 +284,7 @@ def plain_line(status: Mapping[str, Any]) -> str:
         f"{t.get('generation_s', 0.0):.0f}s/{t.get('training_s', 0.0):.0f}s"
         + _servers_up(status.get("servers") or [])
         + ("  eval running" if status.get("eval_running") else "")
+        + (f"  health: {status['health'][-1]['rule']}" if status.get("health") else "")
     )
 
 

@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agentrl.health import HealthWatch, step_signals
 from agentrl.monitor import render, write_status
 
 if TYPE_CHECKING:
@@ -68,6 +69,8 @@ class RunStatus:
         """The last evaluation of each label ("before", "during", "after")."""
         self.eval_running: str | None = None
         """The label of an evaluation running beside training (``eval.every``), if any."""
+        self.health = HealthWatch(config.health, max_staleness=config.rollout.max_staleness)
+        """The health rules over the step rows (``[health]``; docs/guides/health.md)."""
         self._prev_tokens = 0.0
         self._prev_time = time.perf_counter()
         self._trainer: Trainer | None = None
@@ -136,6 +139,7 @@ class RunStatus:
                 "label": self.eval_running,
                 "in_flight": len(self._eval_runner.live) if self._eval_runner else 0},
             "servers": self._pool.describe() if self._pool is not None else [],
+            "health": [w.as_dict() for w in self.health.recent],
         }  # fmt: skip
 
     def write(self, *, episodes: bool = True) -> None:
@@ -195,6 +199,7 @@ class RunStatus:
             "generation_busy_s": self.generation_s,
             "wall_s": now - self.started,
             "loop_lag_p99_s": self.metrics.percentile("loop_lag_s", 99),
+            **step_signals(record.groups),
         }
         if record.publish is not None:
             u = record.publish.update
@@ -205,6 +210,7 @@ class RunStatus:
         for k, v in self.metrics.counters.items():
             if k.startswith(("failures/", "tool_errors/")):
                 values[f"errors/{k}"] = v
+        values.update(self.health.record(s.step, values))
         self._prev_tokens, self._prev_time = tokens, now
         self.last = values
         return values
