@@ -117,7 +117,7 @@ def answer_leak(episode: Episode, context: ScanContext) -> str | None:
     answer = next((info[k] for k in ANSWER_KEYS if info.get(k) not in (None, "")), None)
     if answer is None or len(str(answer)) < 2:  # one character is in every text
         return None
-    pattern = re.compile(rf"(?<![\w.]){re.escape(str(answer))}(?![\w.])")
+    pattern = re.compile(rf"(?<![\w.]){re.escape(str(answer))}(?!\w|\.\d)")
     for i, result in enumerate(episode.tool_results()):
         if pattern.search(result):
             return f"tool result {i + 1} contains the env's answer {str(answer)!r}"
