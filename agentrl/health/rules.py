@@ -21,18 +21,26 @@ from agentrl.config import HealthConfig
 
 
 class History:
-    """The metrics the rules read, one value per step (nan where a step lacked it)."""
+    """The metrics the rules read, one value per step (nan where a step lacked it).
+
+    Every query costs the same at step 10 or 10,000: finite values are counted as they
+    come, and a baseline, once its ``n`` values exist, is kept.
+    """
 
     def __init__(self, metrics: Sequence[str]) -> None:
         self.columns: dict[str, list[float]] = {m: [] for m in metrics}
         self.steps: list[int] = []
+        self._finite = dict.fromkeys(metrics, 0)
+        self._baselines: dict[tuple[str, int], float] = {}
 
     def append(self, step: int, row: Mapping[str, object]) -> None:
         self.steps.append(step)
         for name, column in self.columns.items():
             value = row.get(name)
             ok = isinstance(value, int | float) and not isinstance(value, bool)
-            column.append(float(value) if ok else math.nan)  # type: ignore[arg-type]
+            v = float(value) if ok else math.nan  # type: ignore[arg-type]
+            column.append(v)
+            self._finite[name] += v == v
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -49,17 +57,19 @@ class History:
         return _mean(column[max(0, end - n) : max(0, end)])
 
     def baseline(self, metric: str, n: int) -> float:
-        """Mean of the first ``n`` finite values (nan if there are none)."""
-        values: list[float] = []
-        for v in self.columns[metric]:
-            if v == v:
-                values.append(v)
-                if len(values) == n:
-                    break
-        return _mean(values) if len(values) == n else math.nan
+        """Mean of the first ``n`` finite values (nan while there are fewer)."""
+        key = (metric, n)
+        if key in self._baselines:
+            return self._baselines[key]
+        if self._finite[metric] < n:
+            return math.nan
+        values = [v for v in self.columns[metric] if v == v][:n]
+        self._baselines[key] = _mean(values)
+        return self._baselines[key]
 
     def count(self, metric: str) -> int:
-        return sum(v == v for v in self.columns[metric])
+        """How many steps had a finite value of ``metric``."""
+        return self._finite[metric]
 
 
 def _mean(values: Sequence[float]) -> float:

@@ -44,3 +44,12 @@ def test_a_turn_that_loops_and_one_that_does_not() -> None:
     # a 4-gram three times in a long answer is prose, not a loop
     prose = np.concatenate([rng.integers(0, 32_000, 60), [5, 6, 7, 8]] * 3)
     assert not loops(prose)
+
+
+def test_short_and_long_turns_are_counted_alike() -> None:
+    """Up to 256 tokens the n-grams are counted as tuples, beyond as hashed integers."""
+    rng = np.random.default_rng(3)
+    for n in (200, 256, 257, 600):
+        noise = rng.integers(100, 30_000, n)
+        loop = np.concatenate([noise[: n // 2], np.tile([1, 2, 3, 4], n // 8 + 1)])
+        assert not loops(noise) and loops(loop), n
