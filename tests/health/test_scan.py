@@ -107,7 +107,8 @@ def test_scan_finds_every_planted_episode_and_few_others(run_dir: Path) -> None:
     jump = next(f for f in report.flagged if f.episode_id == "jump/0")
     assert jump.attempt == 1 and "0: 0, 1: 1" in jump.reasons[0][1]
     assert jump.replay_command(run_dir) == f"agentrl replay {run_dir} jump/0 --attempt 1"
-    assert [(w.rule, w.step) for w in report.warnings] == [("response_length", 23)]  # from step 21 on
+    # the lengths blow up from step 21 on
+    assert [(w.rule, w.step) for w in report.warnings] == [("response_length", 23)]
 
 
 def test_the_cli_lists_them_with_replay_commands(run_dir: Path, capsys: pytest.CaptureFixture[str]
