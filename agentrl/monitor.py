@@ -31,6 +31,8 @@ from agentrl.errors import ConfigError
 logger = logging.getLogger(__name__)
 
 STATUS_FILE = "status.json"
+ENDED = ("finished", "failed", "interrupted", "stopped")
+"""The states of a run that ended (``stopped``: by ``health.stop_on``)."""
 METRICS_FILE = "metrics.jsonl"
 
 
@@ -325,11 +327,11 @@ def top(run_dir: Path, *, once: bool = False, interval_s: float = 0.5) -> int:
 
         parts = [render(current)]
         alive = pid_alive(current.get("pid"))
-        if current.get("state") not in ("finished", "failed", "interrupted") and not alive:
+        if current.get("state") not in ENDED and not alive:
             age = time.time() - float(current.get("updated_at", 0))
             parts.append(f"[yellow]the run's process is gone (last update {age:.0f} s ago); "
                          f"`agentrl train --resume {run_dir}` continues it[/]")  # fmt: skip
-        elif current.get("state") in ("finished", "failed", "interrupted"):
+        elif current.get("state") in ENDED:
             parts.append(_store_summary(run_dir))
         return RichGroup(*parts)
 
@@ -342,9 +344,7 @@ def top(run_dir: Path, *, once: bool = False, interval_s: float = 0.5) -> int:
                 time.sleep(interval_s)
                 status = read_status(run_dir) or status
                 live.update(view(status))
-                if status.get("state") in ("finished", "failed", "interrupted") or not pid_alive(
-                    status.get("pid")
-                ):
+                if status.get("state") in ENDED or not pid_alive(status.get("pid")):
                     break
         except KeyboardInterrupt:
             pass

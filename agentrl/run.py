@@ -246,8 +246,8 @@ async def train(config: RunConfig, run_dir: Path, *, resume: bool = False,
     except (KeyboardInterrupt, asyncio.CancelledError):
         status.state = "interrupted"
         raise
-    except BaseException:
-        status.state = "failed"
+    except BaseException as e:
+        status.ended(e)
         raise
     finally:
         result.wall_s = time.perf_counter() - status.started

@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agentrl.errors import StopRequested
 from agentrl.health import HealthWatch, step_signals
 from agentrl.monitor import render, write_status
 
@@ -85,6 +86,11 @@ class RunStatus:
         """Hand over the components the status reads (``pool``: None without servers)."""
         self._trainer, self._runner, self._queue = trainer, runner, queue
         self._loop, self._pool = loop, pool
+
+    def ended(self, error: BaseException) -> None:
+        """The run ended with ``error``: state "stopped" when it was asked to stop (a rule
+        in ``health.stop_on``), "failed" otherwise."""
+        self.state = "stopped" if _asked_to_stop(error) else "failed"
 
     def evaluating(self, label: str, runner: EpisodeRunner, *, beside: bool = False) -> None:
         """An evaluation starts; its episodes count as generation time too.
@@ -274,6 +280,12 @@ def eval_line(summary: Mapping[str, Any]) -> str:
     return (f"eval {ev['label']} ({at}version {ev['version']}, {ev['episodes']} held-out "
             f"episodes): success {ev['success_rate']:.1%}{scores}, tool use "
             f"{ev['tool_use_rate']:.1%}, mean reward {ev['reward_mean']:.3f}")  # fmt: skip
+
+
+def _asked_to_stop(error: BaseException) -> bool:
+    if isinstance(error, BaseExceptionGroup):
+        return any(_asked_to_stop(e) for e in error.exceptions)
+    return isinstance(error, StopRequested)
 
 
 def _mean(values: list[Any]) -> float:

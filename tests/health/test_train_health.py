@@ -62,6 +62,7 @@ def test_stop_on_stops_resumably_and_scan_reads_the_run(tmp_path: Path,
     assert 0 < rows[0]["entropy"] < 100 and rows[0]["response_tokens"] > 0
     status = read_status(run_dir)
     assert status is not None and status["health"][0]["rule"] == "entropy_collapse"
+    assert status["state"] == "stopped"
     assert latest_checkpoint(run_dir / "checkpoints") is not None  # step 1, not a due one
 
     proc = subprocess.run([AGENTRL, "train", "--resume", str(run_dir), "--health.stop_on=[]"],

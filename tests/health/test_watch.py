@@ -85,3 +85,11 @@ def test_the_status_hook_puts_warnings_in_the_row_status_and_display(tmp_path: P
     assert "health: degenerate_text" in plain_line(snap)
     label, line = headline(snap)[-1]
     assert label == "health" and "degenerate_text at step 3" in line
+
+
+def test_a_run_asked_to_stop_ends_stopped_not_failed(tmp_path: Path) -> None:
+    status = RunStatus(RunConfig(), tmp_path, Metrics())
+    status.ended(BaseExceptionGroup("task group", [HealthStop("health.stop_on: ...")]))
+    assert status.state == "stopped"
+    status.ended(BaseExceptionGroup("task group", [RuntimeError("engine died")]))
+    assert status.state == "failed"
