@@ -105,3 +105,9 @@ class RunDirError(InfraError):
 
 class StoreError(InfraError):
     """The episode store cannot be read or written (corrupt, newer schema, disk full)."""
+
+
+class StopRequested(AgentRLError):
+    """Something watching the run asked it to stop after the current optimizer step (a
+    health rule listed in ``health.stop_on``). The training loop writes a checkpoint of
+    that step first, so ``agentrl train --resume RUN`` continues from it."""

@@ -31,6 +31,8 @@ from agentrl.errors import ConfigError
 logger = logging.getLogger(__name__)
 
 STATUS_FILE = "status.json"
+ENDED = ("finished", "failed", "interrupted", "stopped")
+"""The states of a run that ended (``stopped``: by ``health.stop_on``)."""
 METRICS_FILE = "metrics.jsonl"
 
 
@@ -183,6 +185,7 @@ def headline(status: Mapping[str, Any]) -> list[tuple[str, str]]:
                  f"{t.get('training_s', 0.0) / wall:.0%}  weight sync "
                  f"{t.get('publish_s', 0.0) / wall:.0%}  of {wall:.0f} s"),
         *_servers(status.get("servers") or []),
+        *_health(status.get("health") or []),
     ]  # fmt: skip
 
 
@@ -194,6 +197,21 @@ def _tool_use(tools: bool, rate: Any, spec: str) -> str:
 def _async(status: Mapping[str, Any]) -> bool:
     """Whether staleness applies: not in ``train.mode = "sync"``, where it is always 0."""
     return status.get("mode") != "sync"
+
+
+def _health(warnings: list[Mapping[str, Any]]) -> list[tuple[str, str]]:
+    """The health warnings of the run (the last few), newest last; none: no line."""
+    if not warnings:
+        return []
+    text = "  |  ".join(f"{w.get('rule')} at step {w.get('step')}: {w.get('message')}"
+                        for w in warnings[-3:])  # fmt: skip
+    return [("health", f"[yellow]{_escape(text)}[/]")]
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
 
 
 def _servers(servers: list[Mapping[str, Any]]) -> list[tuple[str, str]]:
@@ -290,6 +308,7 @@ def plain_line(status: Mapping[str, Any]) -> str:
         f"{t.get('generation_s', 0.0):.0f}s/{t.get('training_s', 0.0):.0f}s"
         + _servers_up(status.get("servers") or [])
         + ("  eval running" if status.get("eval_running") else "")
+        + (f"  health: {status['health'][-1]['rule']}" if status.get("health") else "")
     )
 
 
@@ -330,11 +349,11 @@ def top(run_dir: Path, *, once: bool = False, interval_s: float = 0.5) -> int:
 
         parts = [render(current)]
         alive = pid_alive(current.get("pid"))
-        if current.get("state") not in ("finished", "failed", "interrupted") and not alive:
+        if current.get("state") not in ENDED and not alive:
             age = time.time() - float(current.get("updated_at", 0))
             parts.append(f"[yellow]the run's process is gone (last update {age:.0f} s ago); "
                          f"`agentrl train --resume {run_dir}` continues it[/]")  # fmt: skip
-        elif current.get("state") in ("finished", "failed", "interrupted"):
+        elif current.get("state") in ENDED:
             parts.append(_store_summary(run_dir))
         return RichGroup(*parts)
 
@@ -347,9 +366,7 @@ def top(run_dir: Path, *, once: bool = False, interval_s: float = 0.5) -> int:
                 time.sleep(interval_s)
                 status = read_status(run_dir) or status
                 live.update(view(status))
-                if status.get("state") in ("finished", "failed", "interrupted") or not pid_alive(
-                    status.get("pid")
-                ):
+                if status.get("state") in ENDED or not pid_alive(status.get("pid")):
                     break
         except KeyboardInterrupt:
             pass

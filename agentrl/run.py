@@ -246,8 +246,8 @@ async def train(config: RunConfig, run_dir: Path, *, resume: bool = False,
     except (KeyboardInterrupt, asyncio.CancelledError):
         status.state = "interrupted"
         raise
-    except BaseException:
-        status.state = "failed"
+    except BaseException as e:
+        status.ended(e)
         raise
     finally:
         result.wall_s = time.perf_counter() - status.started
@@ -406,13 +406,13 @@ class _EngineSleep:
 
 def _on_step(out: _RunOutput, display: Any,
              periodic: PeriodicEval) -> Callable[[StepRecord], None]:  # fmt: skip
-    """After each optimizer step: the metrics row, a plain line without a live display,
-    and the evaluation beside training when one is due (``eval.every``)."""
+    """After each step: its row, health (stop_on), a plain line, an eval if due (eval.every)."""
     progress = out.config.log.progress
     plain = progress == "plain" or (progress == "auto" and display is None)
 
     def on_step(record: StepRecord) -> None:
         out.log.log(record.stats.step, out.status.record_step(record))
+        out.status.health.raise_if_stopping(out.run_dir)
         if plain:
             out.reporter.say(plain_line(out.status.refresh()))
         periodic.step(record.stats.step)

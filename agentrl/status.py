@@ -25,6 +25,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agentrl.errors import StopRequested
+from agentrl.health import HealthWatch, step_signals
 from agentrl.monitor import render, write_status
 
 logger = logging.getLogger(__name__)
@@ -73,6 +75,8 @@ class RunStatus:
         """The last evaluation of each label ("before", "during", "after")."""
         self.eval_running: str | None = None
         """The label of an evaluation running beside training (``eval.every``), if any."""
+        self.health = HealthWatch(config.health, max_staleness=config.rollout.max_staleness)
+        """The health rules over the step rows (``[health]``; docs/guides/health.md)."""
         self._prev_tokens = 0.0
         self._prev_time = time.perf_counter()
         self._trainer: Trainer | None = None
@@ -87,6 +91,11 @@ class RunStatus:
         """Hand over the components the status reads (``pool``: None without servers)."""
         self._trainer, self._runner, self._queue = trainer, runner, queue
         self._loop, self._pool = loop, pool
+
+    def ended(self, error: BaseException) -> None:
+        """The run ended with ``error``: state "stopped" when it was asked to stop (a rule
+        in ``health.stop_on``), "failed" otherwise."""
+        self.state = "stopped" if _asked_to_stop(error) else "failed"
 
     def evaluating(self, label: str, runner: Runner, *, beside: bool = False) -> None:
         """An evaluation starts; its episodes count as generation time too.
@@ -142,6 +151,7 @@ class RunStatus:
                 "label": self.eval_running,
                 "in_flight": len(self._eval_runner.live) if self._eval_runner else 0},
             "servers": self._pool.describe() if self._pool is not None else [],
+            "health": [w.as_dict() for w in self.health.recent],
         }  # fmt: skip
 
     def write(self, *, episodes: bool = True) -> None:
@@ -201,6 +211,7 @@ class RunStatus:
             "generation_busy_s": self.generation_s,
             "wall_s": now - self.started,
             "loop_lag_p99_s": self.metrics.percentile("loop_lag_s", 99),
+            **step_signals(record.groups),
         }
         if record.publish is not None:
             u = record.publish.update
@@ -211,6 +222,7 @@ class RunStatus:
         for k, v in self.metrics.counters.items():
             if k.startswith(("failures/", "tool_errors/")):
                 values[f"errors/{k}"] = v
+        values.update(self.health.record(s.step, values))
         self._prev_tokens, self._prev_time = tokens, now
         self.last = values
         return values
@@ -295,6 +307,12 @@ def env_offers_tools(env: EnvConfig) -> bool:
         return bool(getattr(made.unwrapped, "tools", ()))
     finally:
         made.close()
+
+
+def _asked_to_stop(error: BaseException) -> bool:
+    if isinstance(error, BaseExceptionGroup):
+        return any(_asked_to_stop(e) for e in error.exceptions)
+    return isinstance(error, StopRequested)
 
 
 def _mean(values: list[Any]) -> float:

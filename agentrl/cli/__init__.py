@@ -11,6 +11,7 @@ be replayed. Start with:
     agentrl top RUN_DIR                      live view of a run (from another terminal)
     agentrl serve-env ENV_ID --port P        serve an env over OpenEnv (for [env] url)
     agentrl replay RUN_DIR [EPISODE]         list, show, verify, resume or fork episodes
+    agentrl scan RUN_DIR                     health warnings and the episodes behind them
     agentrl eval MODEL_OR_RUN_DIR --env ID   pass@k and avg@k on held-out tasks
     agentrl config --defaults                every config key with its default
 
@@ -50,6 +51,7 @@ from agentrl.cli.parsers import (
     _plot_parser,
     _replay_parser,
     _rollout_parser,
+    _scan_parser,
     _serve_env_parser,
     _serve_parser,
     _top_parser,
@@ -57,6 +59,7 @@ from agentrl.cli.parsers import (
 )
 from agentrl.cli.replay import _replay
 from agentrl.cli.rollout import _config, _rollout
+from agentrl.cli.scan import _scan
 from agentrl.cli.serve_env import _serve_env
 from agentrl.cli.train import _audit, _serve, _train
 from agentrl.errors import AgentRLError
@@ -162,5 +165,6 @@ COMMANDS: dict[str, _Command] = {
     "top": _Command(_top_parser, _top),
     "plot": _Command(_plot_parser, _plot),
     "replay": _Command(_replay_parser, _replay),
+    "scan": _Command(_scan_parser, _scan),
 }
 """Every subcommand, in ``agentrl --help`` order."""

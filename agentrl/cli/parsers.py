@@ -269,6 +269,27 @@ def _replay_parser(commands: Subparsers) -> None:
     replay.add_argument("--max-tokens", type=int, default=None, help="per assistant turn")
 
 
+def _scan_parser(commands: Subparsers) -> None:
+    scan = commands.add_parser(
+        "scan",
+        help="health rules over a run's metrics and detectors over its episodes (read-only)",
+        description="Replay the health rules over metrics.jsonl and run per-episode detectors "
+        "(repeated_text, reward_without_success, extreme_length, answer_leak, reward_jump) "
+        "over the episode store; list the flagged episodes with `agentrl replay` commands. "
+        "See docs/guides/health.md.",
+    )
+    scan.add_argument("run_dir", help="a run directory (holds episodes.db)")
+    scan.add_argument("--detector", action="append", default=None, metavar="MODULE:FUNCTION",
+                      help="also run this function (episode, context) -> reason or None; "
+                      "MODULE may be a .py file (repeatable)")  # fmt: skip
+    scan.add_argument("--only", action="append", default=None, metavar="NAME",
+                      help="run only these built-in detectors (repeatable)")  # fmt: skip
+    scan.add_argument("--skip", action="append", default=None, metavar="NAME",
+                      help="leave out this built-in detector (repeatable)")  # fmt: skip
+    scan.add_argument("--limit", type=int, default=50, help="flagged episodes printed")
+    scan.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
 def _import_flag(parser: argparse.ArgumentParser, text: str) -> None:
     """``--import MODULE_OR_FILE`` (repeatable): modules that register the user's envs."""
     parser.add_argument("--import", dest="imports", action="append", default=[],

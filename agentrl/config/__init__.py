@@ -5,6 +5,7 @@ Components import their own section (``from agentrl.config import RolloutConfig`
 imports only the standard library and :mod:`agentrl.errors`.
 """
 
+from agentrl.config.health import HealthConfig
 from agentrl.config.loader import RunConfig
 from agentrl.config.sections import (
     CorrectionMode,
@@ -27,6 +28,7 @@ __all__ = [
     "CorrectionMode",
     "EnvConfig",
     "EvalConfig",
+    "HealthConfig",
     "InferenceConfig",
     "JobConfig",
     "LogConfig",

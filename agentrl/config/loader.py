@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from agentrl.config.health import HealthConfig
 from agentrl.config.sections import (
     EnvConfig,
     EvalConfig,
@@ -65,6 +66,8 @@ class RunConfig:
     """Held-out evaluation."""
     log: LogConfig = dataclasses.field(default_factory=LogConfig)
     """Progress, trackers, trace, plots."""
+    health: HealthConfig = dataclasses.field(default_factory=HealthConfig)
+    """Run-health warnings while training (docs/guides/health.md)."""
 
     # ---- loading ---------------------------------------------------------------
     @classmethod

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.config import TrainConfig
+from agentrl.errors import StopRequested
 from agentrl.protocols import RolloutSource
 from agentrl.queue import TrajectoryQueue
 from agentrl.store import EpisodeStore
@@ -240,4 +241,10 @@ class TrainLoop:
         record = StepRecord(stats, published, train_s, groups)
         self.records.append(record)
         if self.on_step is not None:
-            self.on_step(record)
+            try:
+                self.on_step(record)
+            except StopRequested:  # asked to stop after this step: --resume starts after it
+                if self.checkpoint_dir is not None and self.trainer.world == 1:
+                    if self._checkpointed != self.trainer.step:
+                        await self._save_checkpoint()
+                raise
