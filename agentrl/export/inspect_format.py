@@ -12,9 +12,10 @@ logs; ``inspect_ai.log.read_eval_log`` reads it):
   relation to a fork's or retry's origin; the run's config is the log's metadata.
 
 The samples stream into Inspect's ``EvalRecorder`` (the writer ``write_eval_log``
-itself uses), each written into the zip as it comes (``write_through``), so the
-samples are never all in memory; Inspect keeps one short summary per sample for the
-log's sample list. Needs ``pip install 'agentrl[export]'``.
+itself uses), written into the zip every :data:`FLUSH_EVERY` samples, so the samples
+are never all in memory; Inspect keeps one short summary per sample for the log's
+sample list (its ``summaries.json``), the one part that grows with the log. Needs
+``pip install 'agentrl[export]'``.
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ from agentrl.export.runinfo import RunInfo, require
 from agentrl.replay import Recorded
 
 SCORER = "reward"
+FLUSH_EVERY = 200
+"""Samples buffered before they are written into the log's zip: memory is bounded by
+this many samples (Inspect compares each new sample with those buffered, so a larger
+buffer costs time per sample)."""
 
 
 def to_sample(recorded: Recorded, run: RunInfo) -> Any:
@@ -43,7 +48,8 @@ def to_sample(recorded: Recorded, run: RunInfo) -> Any:
     messages: list[Any] = []
     for turn in turns:
         messages.extend(_messages(turn))
-    first = len(_messages(turns[0]))
+        if turn.assistant is None:
+            first = len(messages)  # the input: what came before the first turn
     last = next((t.assistant for t in reversed(turns) if t.assistant is not None), None)
     scores = None
     if meta["reward"] is not None:
@@ -122,8 +128,10 @@ async def write_inspect(episodes: Iterable[Recorded], run: RunInfo, path: Path) 
         await recorder.log_start(spec, plan)
         for recorded in episodes:
             sample = to_sample(recorded, run)
-            await recorder.log_sample(spec, condense_sample(sample), write_through=True)
+            await recorder.log_sample(spec, condense_sample(sample))
             count += 1
+            if count % FLUSH_EVERY == 0:
+                await _write_buffered(recorder, spec)
             if sample.scores:  # unfinished episodes have no reward yet
                 scored, total = scored + 1, total + sample.metadata["reward"]
         mean = EvalMetric(name="mean", value=total / scored if scored else 0.0)
@@ -136,6 +144,14 @@ async def write_inspect(episodes: Iterable[Recorded], run: RunInfo, path: Path) 
             spec, "success", EvalStats(started_at=started, completed_at=_now()), results, None
         )
     return count
+
+
+async def _write_buffered(recorder: Any, spec: Any) -> None:
+    """Write the buffered samples into the log's (temporary) zip: ``recorder.flush``
+    without its copy of the whole file to its place, which ``log_finish`` makes once.
+    (The recorder's per-log file object, as ``EvalRecorder.flush`` reaches it; the
+    ``inspect-ai`` version is pinned in the ``export`` extra.)"""
+    await recorder.data[recorder._log_file_key(spec)].write_buffered_samples()
 
 
 def _spec(run: RunInfo, path: Path, created: str) -> tuple[Any, Any]:
