@@ -11,6 +11,9 @@ logs; ``inspect_ai.log.read_eval_log`` reads it):
 * ``metadata``: env id, seed, attempt, state, status, failure kind, policy versions,
   relation to a fork's or retry's origin; the run's config is the log's metadata.
 
+The log asks the viewer to show its content as plain text (``trust_content=False``):
+model and env text is never rendered as Markdown or HTML.
+
 The samples stream into Inspect's ``EvalRecorder`` (the writer ``write_eval_log``
 itself uses), written into the zip every :data:`FLUSH_EVERY` samples, so the samples
 are never all in memory; Inspect keeps one short summary per sample for the log's
@@ -51,11 +54,13 @@ def to_sample(recorded: Recorded, run: RunInfo) -> Any:
         if turn.assistant is None:
             first = len(messages)  # the input: what came before the first turn
     last = next((t.assistant for t in reversed(turns) if t.assistant is not None), None)
+    answer = str(last.get("content") or "") if last else ""
     scores = None
     if meta["reward"] is not None:
         scores = {
             SCORER: Score(
                 value=meta["reward"],
+                answer=answer,
                 explanation=meta["reason"],
                 metadata={"failure": meta["failure"], "turn_rewards": meta["turn_rewards"]},
             )
@@ -66,9 +71,7 @@ def to_sample(recorded: Recorded, run: RunInfo) -> Any:
         input=messages[:first] or [ChatMessageUser(content="")],
         target="",
         messages=messages,
-        output=ModelOutput.from_content(
-            run.model or "agentrl", str(last.get("content") or "") if last else ""
-        ),
+        output=ModelOutput.from_content(run.model or "agentrl", answer),
         scores=scores,
         metadata=meta,
         total_time=(meta.get("timings") or {}).get("total_s"),
@@ -157,6 +160,7 @@ async def _write_buffered(recorder: Any, spec: Any) -> None:
 def _spec(run: RunInfo, path: Path, created: str) -> tuple[Any, Any]:
     """The log's ``EvalSpec`` (the run as a task) and an empty ``EvalPlan``."""
     from inspect_ai.log import EvalConfig, EvalDataset, EvalPlan, EvalSpec
+    from inspect_ai.viewer import ViewerConfig
 
     spec = EvalSpec(
         created=created,
@@ -169,6 +173,7 @@ def _spec(run: RunInfo, path: Path, created: str) -> tuple[Any, Any]:
         config=EvalConfig(),
         packages={"agentrl": run.agentrl_version},
         metadata={"agentrl_run_config": run.config},
+        viewer=ViewerConfig(trust_content=False),  # model and env text shown as plain text
     )
     return spec, EvalPlan()
 

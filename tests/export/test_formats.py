@@ -24,14 +24,8 @@ import pytest
 from agentrl import replay
 from agentrl.export import export_run, read_trajectories
 from agentrl.store import EpisodeStore
-from tests.export.recorded_run import record_run
 
 pytestmark = pytest.mark.timeout(240)
-
-
-@pytest.fixture(scope="module")
-def run_dir(tokenizer: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return asyncio.run(record_run(tokenizer, tmp_path_factory.mktemp("export") / "run"))
 
 
 def _export(run_dir: Path, fmt: str, out: Path, **filters: Any) -> Path:
