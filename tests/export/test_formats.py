@@ -132,6 +132,12 @@ def test_filters_and_output_paths(run_dir: Path, tmp_path: Path) -> None:
     assert [line.count('"kind": "partial"') for line in path.open()] == [1]
     path = _export(run_dir, "jsonl", tmp_path / "l.jsonl", limit=2, env_id="nope/Env-v0")
     assert path.read_text() == ""
+    made = tmp_path / "not" / "there" / "yet.jsonl"  # replay --export: a folder is made too
+    done = subprocess.run(
+        [sys.executable, "-m", "agentrl.cli", "replay", str(run_dir), "--export", str(made)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0 and len(made.read_text().splitlines()) == 9, done.stderr
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     for fmt in ("jsonl", "inspect"):
