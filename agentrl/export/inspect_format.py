@@ -16,8 +16,9 @@ model and env text is never rendered as Markdown or HTML.
 
 The samples stream into Inspect's ``EvalRecorder`` (the writer ``write_eval_log``
 itself uses), written into the zip every :data:`FLUSH_EVERY` samples, so the samples
-are never all in memory; Inspect keeps one short summary per sample for the log's
-sample list (its ``summaries.json``), the one part that grows with the log. Needs
+are never all in memory; Inspect keeps a summary of every sample for the log's sample
+list (its ``summaries.json``), the one part that grows with the log (about 14 KB of
+peak memory per sample, ``benchmarks/bench_export.py``). Needs
 ``pip install 'agentrl[export]'``.
 """
 
