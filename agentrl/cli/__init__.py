@@ -13,6 +13,7 @@ be replayed. Start with:
     agentrl replay RUN_DIR [EPISODE]         list, show, verify, resume or fork episodes
     agentrl scan RUN_DIR                     health warnings and the episodes behind them
     agentrl eval MODEL_OR_RUN_DIR --env ID   pass@k and avg@k on held-out tasks
+    agentrl export RUN_DIR --format F --out P  episodes as an Inspect log, ATIF or JSONL
     agentrl config --defaults                every config key with its default
 
 ``agentrl COMMAND --help`` describes each command.
@@ -31,6 +32,7 @@ from collections.abc import Callable, Sequence
 
 from agentrl.cli.check_model import _check_model
 from agentrl.cli.eval import _eval
+from agentrl.cli.export import _export
 from agentrl.cli.misc import (
     DEMO_QUESTIONS,
     _build_model,
@@ -48,6 +50,7 @@ from agentrl.cli.parsers import (
     _config_parser,
     _demo_parser,
     _eval_parser,
+    _export_parser,
     _plot_parser,
     _replay_parser,
     _rollout_parser,
@@ -166,5 +169,6 @@ COMMANDS: dict[str, _Command] = {
     "plot": _Command(_plot_parser, _plot),
     "replay": _Command(_replay_parser, _replay),
     "scan": _Command(_scan_parser, _scan),
+    "export": _Command(_export_parser, _export),
 }
 """Every subcommand, in ``agentrl --help`` order."""

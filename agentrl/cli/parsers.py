@@ -290,6 +290,33 @@ def _scan_parser(commands: Subparsers) -> None:
     scan.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
+def _export_parser(commands: Subparsers) -> None:
+    export = commands.add_parser(
+        "export",
+        help="write a run's episodes as an Inspect log, ATIF trajectories or JSONL",
+        description="Stream the run's episodes (the filters of `agentrl replay`) into a file "
+        "other tools read: --format inspect writes an Inspect AI .eval log (`inspect view` "
+        "opens it), atif one ATIF trajectory per line with token ids, logprobs and policy "
+        "versions, jsonl agentrl's loss-free records. inspect and atif need "
+        "`pip install 'agentrl[export]'`.",
+    )
+    export.add_argument("run_dir", help="a run directory (holds episodes.db)")
+    export.add_argument("--format", required=True, choices=("inspect", "atif", "jsonl"))
+    export.add_argument("--out", required=True, metavar="PATH",
+                        help="the file to write (inspect: a .eval file, or a folder that gets "
+                        "RUN_NAME.eval); missing folders are created")  # fmt: skip
+    export.add_argument("--state", action="append", default=None,
+                        help="filter: finished, truncated, failed, running, paused, retried, "
+                        "dropped (repeatable)")  # fmt: skip
+    export.add_argument("--env", default=None, help="filter: env id")
+    export.add_argument("--min-reward", type=float, default=None)
+    export.add_argument("--max-reward", type=float, default=None)
+    export.add_argument("--min-version-span", type=int, default=None,
+                        help="filter: sampled tokens span at least this many versions")  # fmt: skip
+    export.add_argument("--limit", type=int, default=None,
+                        help="at most this many episodes (in the order they started)")  # fmt: skip
+
+
 def _import_flag(parser: argparse.ArgumentParser, text: str) -> None:
     """``--import MODULE_OR_FILE`` (repeatable): modules that register the user's envs."""
     parser.add_argument("--import", dest="imports", action="append", default=[],

@@ -1,8 +1,10 @@
-"""Recorded episodes: load, list, show, verify, fork points, export.
+"""Recorded episodes: load, select, list, show, verify, fork points, export.
 
 Episodes are either ended (a trajectory) or unfinished (the latest checkpoint, a
 :class:`~agentrl.types.PartialEpisode`).
 
+* :func:`select`: the episodes matching the filters, loaded one at a time (constant
+  memory; :func:`export` and ``agentrl export`` iterate it);
 * :func:`list_episodes`: filter by state, env, reward and version span; unfinished
   episodes are marked, with the command that continues them;
 * :func:`transcript`: turns, tool calls and results, env replies, rewards, and each
@@ -24,9 +26,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from rich.table import Table
 from rich.text import Text
@@ -34,6 +36,7 @@ from rich.text import Text
 from agentrl.errors import ConfigError
 from agentrl.rollout.verify import VerifyResult, verify_log
 from agentrl.store import EpisodeStore
+from agentrl.store.pages import episode_pages
 from agentrl.types import PartialEpisode, SegmentArrays, Task, Timings, Trajectory
 
 UNFINISHED = ("running", "paused")
@@ -107,19 +110,46 @@ def load(store: EpisodeStore, episode_id: str, attempt: int | None = None, *,
             f"(for example {known})"
         )
     row = max(rows, key=lambda r: r["attempt"])
-    partial = store.partial(episode_id)
-    if partial is not None and partial.attempt == row["attempt"]:
-        return Recorded(episode_id, row["attempt"], row["state"], [], partial)
-    trajectories = store.trajectories(episode_id, row["attempt"])
-    if not trajectories:
+    recorded = _recorded(store, row, tasks)
+    if recorded is None:
         raise ConfigError(
             f"episode {episode_id!r} attempt {row['attempt']} is {row['state']!r} and has no "
             f"checkpoint yet (it was killed before its first turn ended); nothing to show"
         )
+    return recorded
+
+
+def _recorded(
+    store: EpisodeStore, row: dict[str, Any], tasks: dict[str, Task] | None
+) -> Recorded | None:
+    """The episode attempt of an :meth:`EpisodeStore.episodes` row, with its task's
+    stored row (``tasks``, read from the store when None); None when it has neither a
+    trajectory nor a checkpoint (started, killed before its first turn)."""
+    episode_id, attempt = row["episode_id"], row["attempt"]
+    partial = store.partial(episode_id) if row["state"] in UNFINISHED else None
+    if partial is not None and partial.attempt == attempt:
+        return Recorded(episode_id, attempt, row["state"], [], partial)
+    trajectories = store.trajectories(episode_id, attempt)
+    if not trajectories:
+        return None
     if tasks is None:
         tasks = {t.task_id: t for t in store.tasks()}
     task = tasks.get(trajectories[0].task_id)
-    return Recorded(episode_id, row["attempt"], row["state"], trajectories, None, task)
+    return Recorded(episode_id, attempt, row["state"], trajectories, None, task)
+
+
+def select(store: EpisodeStore, **filters: Any) -> Iterator[Recorded]:
+    """Every episode attempt matching ``filters`` (those of
+    :meth:`EpisodeStore.episodes`), loaded one at a time in the order they started:
+    constant memory over a store of any size. Attempts killed before their first
+    checkpoint have nothing to load and are left out. The tasks' rows (small: env id,
+    seed, kwargs, options) are read once."""
+    tasks = {t.task_id: t for t in store.tasks()}
+    for page in episode_pages(store, **filters):
+        for row in page:
+            recorded = _recorded(store, row, tasks)
+            if recorded is not None:
+                yield recorded
 
 
 def list_episodes(store: EpisodeStore, **filters: Any) -> Table:
@@ -291,37 +321,45 @@ def side_by_side(original: Recorded, fork: Recorded, turn: int, tokenizer: Any,
 
 
 def export(
-    store: EpisodeStore, path: Path, *, only: Sequence[Recorded] | None = None, **filters: Any
+    store: EpisodeStore, path: Path, *, only: Iterable[Recorded] | None = None, **filters: Any
 ) -> int:
-    """Write episodes as JSONL (ended: trajectories; unfinished: checkpoints).
+    """Write episodes as JSONL (ended: trajectories; unfinished: checkpoints), streaming.
 
-    ``only``: these episodes; otherwise every episode matching ``filters``. The folders
-    ``path`` names are made if missing.
+    ``only``: these episodes; otherwise every episode matching ``filters``. A missing
+    folder of ``path`` is created.
     """
-    if only is None:
-        only = []
-        tasks = {t.task_id: t for t in store.tasks()}
-        for row in store.episodes(**filters):
-            try:
-                only.append(load(store, row["episode_id"], row["attempt"], tasks=tasks))
-            except ConfigError:  # started, killed before its first checkpoint
-                continue
-    try:  # a new folder for the export is made; one that cannot be is said in one line
-        path.parent.mkdir(parents=True, exist_ok=True)
-        sink = path.open("w")
-    except OSError as e:
-        raise ConfigError(f"--export {str(path)!r}: cannot write there ({e.strerror or e}); "
-                          "choose another file") from None  # fmt: skip
-    with sink:
-        for recorded in only:
-            if recorded.partial is not None:
-                arrays = {k: _jsonable(v) for k, v in recorded.partial.concatenated().items()}
-                record = {"kind": "partial", **recorded.partial.meta(), **arrays}
+    episodes = select(store, **filters) if only is None else only
+    count = 0
+    with open_for_writing(path) as sink:
+        for recorded in episodes:
+            for record in records(recorded):
                 sink.write(json.dumps(record) + "\n")
-            else:
-                for t in recorded.trajectories:
-                    sink.write(json.dumps({"kind": "trajectory", **t.to_json()}) + "\n")
-    return len(only)
+            count += 1
+    return count
+
+
+def records(recorded: Recorded) -> Iterator[dict[str, Any]]:
+    """An episode as the JSON records of :func:`export`: one per trajectory segment
+    (``kind: trajectory``, :meth:`Trajectory.to_json`) or its checkpoint (``kind:
+    partial``, the arrays end to end, NaN logprobs as null)."""
+    if recorded.partial is not None:
+        arrays = {k: _jsonable(v) for k, v in recorded.partial.concatenated().items()}
+        yield {"kind": "partial", **recorded.partial.meta(), **arrays}
+        return
+    for t in recorded.trajectories:
+        yield {"kind": "trajectory", **t.to_json()}
+
+
+def open_for_writing(path: Path) -> TextIO:
+    """``path`` opened for writing text, its missing folders created; a path that cannot
+    be written is one :class:`ConfigError` line naming it and why."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path.open("w")
+    except OSError as e:
+        raise ConfigError(
+            f"cannot write {str(path)!r}: {e.strerror or e}; choose another output path"
+        ) from e
 
 
 def _jsonable(array: Any) -> list[Any]:
