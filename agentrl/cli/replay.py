@@ -29,7 +29,7 @@ def _replay(args: argparse.Namespace, extra: list[str]) -> int:
                        max_reward=args.max_reward, min_version_span=args.min_version_span,
                        limit=args.limit)  # fmt: skip
         if args.export:
-            n = replay.export(store, Path(args.export), **filters)
+            n = replay.export(store, Path(args.export), flag="--export", **filters)
             print(f"wrote {n} episodes to {args.export}")
         elif args.verify or args.resume or args.fork_at is not None:
             raise ConfigError("--verify, --resume and --fork-at need an EPISODE id")
@@ -47,7 +47,7 @@ def _replay_episode(args: argparse.Namespace, store: Any, console: Any) -> int:
     run = replay.recorded_run(store, imports=args.imports)
     recorded = replay.load(store, args.episode, args.attempt)
     if args.export:
-        replay.export(store, Path(args.export), only=[recorded])
+        replay.export(store, Path(args.export), only=[recorded], flag="--export")
         print(f"wrote {args.episode} (attempt {recorded.attempt}) to {args.export}")
         return 0
     if args.verify:

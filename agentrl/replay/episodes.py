@@ -321,16 +321,21 @@ def side_by_side(original: Recorded, fork: Recorded, turn: int, tokenizer: Any,
 
 
 def export(
-    store: EpisodeStore, path: Path, *, only: Iterable[Recorded] | None = None, **filters: Any
+    store: EpisodeStore,
+    path: Path,
+    *,
+    only: Iterable[Recorded] | None = None,
+    flag: str = "--out",
+    **filters: Any,
 ) -> int:
     """Write episodes as JSONL (ended: trajectories; unfinished: checkpoints), streaming.
 
     ``only``: these episodes; otherwise every episode matching ``filters``. A missing
-    folder of ``path`` is created.
+    folder of ``path`` is created; ``flag``: the option that named it, for the error.
     """
     episodes = select(store, **filters) if only is None else only
     count = 0
-    with open_for_writing(path) as sink:
+    with open_for_writing(path, flag) as sink:
         for recorded in episodes:
             for record in records(recorded):
                 sink.write(json.dumps(record) + "\n")
@@ -350,15 +355,17 @@ def records(recorded: Recorded) -> Iterator[dict[str, Any]]:
         yield {"kind": "trajectory", **t.to_json()}
 
 
-def open_for_writing(path: Path) -> TextIO:
+def open_for_writing(path: Path, flag: str = "--out") -> TextIO:
     """``path`` opened for writing text, its missing folders created; a path that cannot
-    be written is one :class:`ConfigError` line naming it and why."""
+    be written is one :class:`ConfigError` line naming the option (``flag``), the path
+    and why."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         return path.open("w")
     except OSError as e:
         raise ConfigError(
-            f"cannot write {str(path)!r}: {e.strerror or e}; choose another output path"
+            f"{flag} {str(path)!r}: cannot write there ({e.strerror or e}); "
+            "choose another output path"
         ) from e
 
 
