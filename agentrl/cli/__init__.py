@@ -11,6 +11,7 @@ be replayed. Start with:
     agentrl top RUN_DIR                      live view of a run (from another terminal)
     agentrl serve-env ENV_ID --port P        serve an env over OpenEnv (for [env] url)
     agentrl replay RUN_DIR [EPISODE]         list, show, verify, resume or fork episodes
+    agentrl view [RUNS_DIR]                  a web page of runs and episodes (local)
     agentrl eval MODEL_OR_RUN_DIR --env ID   pass@k and avg@k on held-out tasks
     agentrl config --defaults                every config key with its default
 
@@ -54,11 +55,13 @@ from agentrl.cli.parsers import (
     _serve_parser,
     _top_parser,
     _train_parser,
+    _view_parser,
 )
 from agentrl.cli.replay import _replay
 from agentrl.cli.rollout import _config, _rollout
 from agentrl.cli.serve_env import _serve_env
 from agentrl.cli.train import _audit, _serve, _train
+from agentrl.cli.view import _view
 from agentrl.errors import AgentRLError
 
 __all__ = ["COMMANDS", "DEMO_QUESTIONS", "main", "quiet_vllm"]
@@ -159,5 +162,6 @@ COMMANDS: dict[str, _Command] = {
     "top": _Command(_top_parser, _top),
     "plot": _Command(_plot_parser, _plot),
     "replay": _Command(_replay_parser, _replay),
+    "view": _Command(_view_parser, _view),
 }
 """Every subcommand, in ``agentrl --help`` order."""
