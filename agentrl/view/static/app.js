@@ -216,7 +216,7 @@ const FILTERS = [["state", "state", "states"], ["env", "env", "envs"], ["min_rew
   ["attempt", "attempt", "attempts"], ["origin", "origin", ["run", "replay"]]];
 
 async function episodeTable(box, run, params) {
-  const state = { run, limit: 50, offset: 0 };
+  const state = { run, limit: Number(params.limit) || 50, offset: 0 };
   for (const [k] of FILTERS) if (params[k]) state[k] = params[k];
   const form = el("form", { class: "filters", id: "episode-filters" });
   const body = el("div");
