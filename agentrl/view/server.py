@@ -23,7 +23,7 @@ from typing import Any
 
 from aiohttp import web
 
-from agentrl.errors import AgentRLError
+from agentrl.errors import AgentRLError, ConfigError
 from agentrl.view.data import ViewData
 
 STATIC = Path(__file__).with_name("static")
@@ -85,8 +85,10 @@ def _json(call: Callable[[Any], Any]) -> Handler:
     async def handler(request: web.Request) -> web.StreamResponse:
         try:
             body = await asyncio.to_thread(call, request.query)
-        except AgentRLError as e:  # bad input or an unreadable run: one line for the page
-            return web.json_response({"error": str(e)}, status=404)
+        except ConfigError as e:  # what the request named is not there, or is malformed
+            return web.json_response({"error": str(e)}, status=400)
+        except AgentRLError as e:  # an unreadable store: one line for the page
+            return web.json_response({"error": str(e)}, status=500)
         return web.json_response(body, headers={"Cache-Control": "no-store"})
 
     return handler

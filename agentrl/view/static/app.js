@@ -74,7 +74,9 @@ async function api(name, params) {
   if (BUNDLE) {
     if (name === "episodes") return bundledEpisodes(params);
     if (name === "live") return { episodes: [], alive: false };
-    const key = name + (name === "runs" ? "" : "?" + qs(params));
+    // the keys data/index.js names: the parameters as given, unencoded, in this order
+    const given = Object.entries(params).filter(([, v]) => v !== undefined && v !== null && v !== "");
+    const key = name + (name === "runs" ? "" : "?" + given.map(([k, v]) => k + "=" + v).join("&"));
     return bundled(key);
   }
   const response = await fetch("api/" + name + "?" + qs(params), { credentials: "same-origin" });
