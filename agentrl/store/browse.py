@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from agentrl.store.schema import run_episode
+from agentrl.store.schema import ARRAY_DTYPES, decode_array, run_episode
 
 if TYPE_CHECKING:
     from agentrl.store.episodes import EpisodeStore
@@ -101,7 +101,25 @@ def episode_page(
         "p.episode_id, p.attempt"
     )
     rows = [dict(r) for r in store._query(sql, [*args, limit, offset])]
+    for row in rows:
+        if row["paused_version"] is not None:
+            _summarize_checkpoint(store, row)
     return rows, total
+
+
+def _summarize_checkpoint(store: EpisodeStore, row: dict[str, Any]) -> None:
+    """An unfinished attempt's sampled count and versions, from its checkpoint's arrays."""
+    found = store._query(
+        "SELECT versions, loss_mask FROM partials WHERE episode_id = ? AND attempt = ?",
+        (row["episode_id"], row["attempt"]),
+    )
+    if not found:
+        return
+    mask = decode_array(found[0]["loss_mask"], ARRAY_DTYPES["loss_mask"]).astype(bool)
+    versions = decode_array(found[0]["versions"], ARRAY_DTYPES["versions"])[mask]
+    row["sampled"] = int(mask.sum())
+    if len(versions):
+        row["v_min"], row["v_max"] = int(versions.min()), int(versions.max())
 
 
 def facets(store: EpisodeStore) -> dict[str, list[Any]]:
