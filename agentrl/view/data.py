@@ -74,7 +74,7 @@ class ViewData:
         )
         limit = min(_number(query, "limit", int) or 50, page_max)
         offset = max(_number(query, "offset", int) or 0, 0)
-        sort = query.get("sort") or "updated"
+        sort = query.get("sort") or "newest"
         if sort not in browse.SORTS:
             raise ConfigError(f"sort={sort!r}: use one of {sorted(browse.SORTS)}")
         with runs.open_store(self.run_dir(run_id)) as store:

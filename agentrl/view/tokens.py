@@ -50,11 +50,20 @@ class TokenText:
         return {i: self._cache[i] for i in wanted}
 
 
+class _Fast:
+    """A ``tokenizer.json`` loaded with the ``tokenizers`` library (what a fast
+    transformers tokenizer wraps), answering ``batch_decode`` as transformers does."""
+
+    def __init__(self, path: Path) -> None:
+        from tokenizers import Tokenizer
+
+        self._tokenizer = Tokenizer.from_file(str(path))
+
+    def batch_decode(self, ids: list[list[int]], skip_special_tokens: bool = False) -> list[str]:
+        return list(self._tokenizer.decode_batch(ids, skip_special_tokens=skip_special_tokens))
+
+
 def _load_tokenizer(run_dir: Path, model_path: str | None) -> Any:
-    try:
-        from transformers import AutoTokenizer
-    except ImportError:
-        return None
     final = run_dir / "model"
     candidates: list[tuple[str, dict[str, Any]]] = []
     if (final / "tokenizer_config.json").exists():
@@ -72,7 +81,12 @@ def _load_tokenizer(run_dir: Path, model_path: str | None) -> Any:
             (str(local), {}) if local.exists() else (model_path, {"local_files_only": True})
         )
     for name, kwargs in candidates:
+        fast = Path(name) / "tokenizer.json"
         try:
+            if fast.is_file():  # the Rust tokenizer alone: no transformers import (seconds)
+                return _Fast(fast)
+            from transformers import AutoTokenizer
+
             return AutoTokenizer.from_pretrained(name, **kwargs)
         except Exception as e:  # any failure means: show ids, and say why in the log
             logger.warning("no tokenizer from %s (%s); tokens are shown as ids", name, e)
