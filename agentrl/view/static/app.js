@@ -299,7 +299,7 @@ async function episodePage(params) {
   if (ep.segments.some((s) => s.trainer)) for (const k of ["trainer_logprob", "importance_weight", "advantage", "masked"])
     overlay.appendChild(el("option", { value: k }, k.replace("_", " ")));
   const legend = el("div", { class: "legend", id: "legend" });
-  const tokens = el("div", { id: "tokens" });
+  const tokens = el("div", { id: "tokens", class: "tokens" });
   const paint = () => colourTokens(tokens, legend, ep, overlay.value);
   overlay.addEventListener("change", paint);
   main.replaceChildren(
