@@ -220,6 +220,39 @@ def measure(base: str, long_id: str, episodes: int, repeats: int) -> dict[str, A
     return out
 
 
+def in_browser(base: str, long_id: str, tokens: int) -> dict[str, Any]:
+    """Seconds until the OS's headless Chromium shows the episode list (50 rows) and the
+    long episode (every token coloured); None where Playwright or Chromium is missing."""
+    try:
+        from playwright.sync_api import sync_playwright
+
+        from tests.view.conftest import CHROMIUM, CHROMIUM_ARGS
+    except ImportError:
+        return {}
+    if not Path(CHROMIUM).exists():
+        return {}
+    out: dict[str, Any] = {}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_context(bypass_csp=True).new_page()
+        page.goto(base)  # the page's own files, cached for the timed loads
+        for name, size, route, done in (
+            ("page: episode list", 50, "#/run?run=.", "document.querySelectorAll('tr.episode-row')"
+             ".length === 50"),
+            ("page: 32k-token episode", tokens, f"#/episode?run=.&id={long_id}",
+             f"document.querySelectorAll('#tokens .tok').length === {tokens} && "
+             "document.querySelector('#legend .legend-item') !== null"),
+        ):  # fmt: skip
+            page.goto(base + "#/")
+            page.wait_for_selector("tr[data-run]")
+            started = time.perf_counter()
+            page.goto(base + route)
+            page.wait_for_function(done, timeout=120_000, polling=20)
+            out[name] = {"first_s": time.perf_counter() - started, "size": size}
+        browser.close()
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--episodes", type=int, default=100_000)
@@ -240,6 +273,8 @@ def main() -> int:
         proc, url = start_viewer(root, Path(tmp) / "view.log")
         try:
             results = measure(url, long_id, args.episodes, args.repeats)
+            for name, r in in_browser(url, long_id, args.long_tokens).items():
+                results[name] = {**r, "warm_median_s": float("nan"), "warm_max_s": float("nan")}
         finally:
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(10)

@@ -143,7 +143,8 @@ async function runsPage() {
 // -- a run --------------------------------------------------------------------------------
 
 const CHARTS = ["reward_mean", "success_rate", "tool_use_rate", "staleness_mean", "staleness_max",
-  "tokens_per_s", "train_s", "generation_busy_s", "publish_s", "loss", "kl", "masked_fraction",
+  "tokens_per_s", "trained_tokens_per_s", "train_s", "generation_busy_s", "publish_s", "loss", "kl",
+  "grad_norm", "clip_fraction", "is_weight_mean", "masked_fraction", "turns_per_episode",
   "pass@1", "pass@k", "avg@k"];
 
 async function runPage(params, id) {
