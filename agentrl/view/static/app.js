@@ -303,6 +303,7 @@ async function episodePage(params) {
   const tokens = el("div", { id: "tokens", class: "tokens" });
   const paint = () => colourTokens(tokens, legend, ep, overlay.value);
   overlay.addEventListener("change", paint);
+  tokens.addEventListener("mouseover", (e) => tokenTitle(e.target, ep));
   main.replaceChildren(
     el("h1", {}, ep.episode_id),
     el("p", {}, `${ep.env_id || ""} · attempt ${ep.attempt} · `, el("span", { id: "episode-state" }, ep.state),
@@ -368,42 +369,74 @@ function contentText(content) {
   return content === null || content === undefined ? "" : JSON.stringify(content);
 }
 
+const CHUNK = 512; // tokens per block: blocks off screen are neither laid out nor painted
+
 function buildTokens(box, ep) {
+  // One block per span (prompt, an assistant turn, a tool result, an env reply), split
+  // every CHUNK tokens; ep.nodes[s][i] is token i of segment s.
   const frag = document.createDocumentFragment();
-  ep.segments.forEach((seg, si) => {
+  ep.nodes = ep.segments.map((seg, si) => {
     if (ep.segments.length > 1) frag.appendChild(el("div", { class: "muted" }, `segment ${si}`));
-    for (let i = 0; i < seg.ids.length; i++) {
-      const node = document.createElement("span");
-      node.className = "tok";
-      node.textContent = ep.texts[seg.ids[i]];
-      node.dataset.s = si;
-      node.dataset.i = i;
-      node.dataset.v = seg.versions[i];
-      frag.appendChild(node);
+    const nodes = new Array(seg.ids.length);
+    const spans = seg.spans.length ? seg.spans.slice() : [["tokens", 0, seg.ids.length, 0]];
+    const covered = spans[spans.length - 1][2];
+    if (covered < seg.ids.length) spans.push(["tokens", covered, seg.ids.length, 0]);
+    for (const [kind, start, end, turn] of spans) {
+      for (let from = start; from < end; from += CHUNK) {
+        const block = el("div", { class: "span-block kind-" + kind });
+        if (from === start) block.appendChild(el("span", { class: "span-label" }, `${kind} ${turn}`));
+        for (let i = from; i < Math.min(end, from + CHUNK); i++) {
+          const node = document.createElement("span");
+          node.className = "tok";
+          node.textContent = ep.texts[seg.ids[i]];
+          node.setAttribute("data-v", seg.versions[i]);
+          block.appendChild(node);
+          nodes[i] = node;
+        }
+        frag.appendChild(block);
+      }
     }
+    return nodes;
   });
   box.replaceChildren(frag);
 }
 
 function colourTokens(box, legend, ep, overlay) {
-  const seen = new Map();
-  for (const node of box.querySelectorAll(".tok")) {
-    const seg = ep.segments[node.dataset.s], i = Number(node.dataset.i);
-    let colour = "", title = "";
-    if (seg.mask[i]) {
-      if (overlay === "version") { colour = versionColour(seg.versions[i]); seen.set("v" + seg.versions[i], colour); title = "version " + seg.versions[i]; }
-      else if (overlay === "logprob" && seg.logprobs[i] !== null) { colour = logprobColour(seg.logprobs[i]); title = "logprob " + seg.logprobs[i]; }
-      else if (seg.trainer && overlay in seg.trainer) { colour = trainerColour(overlay, seg.trainer[overlay][i]); title = overlay + " " + fmt(seg.trainer[overlay][i]); }
+  const versions = new Map();
+  ep.segments.forEach((seg, si) => {
+    const nodes = ep.nodes[si], trainer = seg.trainer && seg.trainer[overlay];
+    for (let i = 0; i < nodes.length; i++) {
+      let colour = "";
+      if (seg.mask[i]) {
+        if (overlay === "version") {
+          const v = seg.versions[i];
+          colour = versions.get(v);
+          if (colour === undefined) versions.set(v, (colour = versionColour(v)));
+        } else if (overlay === "logprob" && seg.logprobs[i] !== null) colour = logprobColour(seg.logprobs[i]);
+        else if (trainer) colour = trainerColour(overlay, trainer[i]);
+      }
+      nodes[i].style.backgroundColor = colour;
     }
-    node.style.backgroundColor = colour;
-    node.title = title;
-  }
+  });
   const items = [];
-  if (overlay === "version") for (const [k, c] of [...seen.entries()].sort((a, b) => Number(a[0].slice(1)) - Number(b[0].slice(1))))
-    items.push(el("span", { class: "legend-item", "data-v": k.slice(1) }, swatch(c), "v" + k.slice(1)));
+  if (overlay === "version") for (const [v, c] of [...versions.entries()].sort((a, b) => a[0] - b[0]))
+    items.push(el("span", { class: "legend-item", "data-v": v }, swatch(c), "v" + v));
   if (overlay === "logprob") items.push(el("span", {}, swatch(logprobColour(-5)), "unlikely"), el("span", {}, swatch(logprobColour(0)), "p = 1"));
-  items.push(el("span", { class: "muted" }, "uncoloured: prompt, env and tool tokens (not sampled)"));
+  items.push(el("span", { class: "muted" }, "uncoloured: prompt, env and tool tokens (not sampled); hover a token for its values"));
   legend.replaceChildren(...items);
+}
+
+function tokenTitle(node, ep) {
+  // The values of the token under the pointer, computed when it is hovered.
+  if (!node.classList || !node.classList.contains("tok") || node.title) return;
+  ep.segments.forEach((seg, si) => {
+    const i = ep.nodes[si].indexOf(node);
+    if (i < 0) return;
+    const parts = [`id ${seg.ids[i]}`, seg.mask[i] ? `version ${seg.versions[i]}` : "not sampled"];
+    if (seg.logprobs[i] !== null) parts.push(`logprob ${seg.logprobs[i]}`);
+    for (const [k, values] of Object.entries(seg.trainer || {})) parts.push(`${k} ${fmt(values[i])}`);
+    node.title = parts.join(" · ");
+  });
 }
 
 function trainerColour(key, v) {
