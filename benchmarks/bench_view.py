@@ -43,90 +43,55 @@ ROOT = Path(__file__).resolve().parents[1]
 ENV = "agentrl/Calculator-v0"
 
 
-def fill(store: EpisodeStore, episodes: int, tokens: int = 64) -> None:
-    """``episodes`` finished episodes in 8 tasks-per-group batches, via executemany."""
+def _meta(tokens: int) -> str:
+    """The meta JSON of every bulk episode (a prompt, then one assistant turn)."""
     half = tokens // 2
-    arrays = {
-        "token_ids": np.arange(tokens) % 300 + 20,
-        "logprobs": np.r_[np.full(half, np.nan), np.full(half, -0.5)],
-        "loss_mask": np.r_[np.zeros(half), np.ones(half)],
-    }
-    meta = json.dumps(
-        {
-            "task_id": "",
-            "seed": 0,
-            "spans": [["prompt", 0, half, 0], ["assistant", half, tokens, 0]],
-            "messages": [
-                {"role": "user", "content": "What is 2 + 2?"},
-                {"role": "assistant", "content": "4"},
-            ],
-            "turn_rewards": [1.0],
-            "reason": "",
-            "failure": None,
-            "timings": {},
-            "info": {},
-            "env_log": [],
-            "turn_starts": [{"tokens": half}],
-        }
-    )
+    messages = [
+        {"role": "user", "content": "What is 2 + 2?"},
+        {"role": "assistant", "content": "4"},
+    ]
+    return json.dumps({"task_id": "", "seed": 0, "messages": messages, "turn_rewards": [1.0],
+                       "spans": [["prompt", 0, half, 0], ["assistant", half, tokens, 0]],
+                       "reason": "", "failure": None, "timings": {}, "info": {}, "env_log": [],
+                       "turn_starts": [{"tokens": half}]})  # fmt: skip
+
+
+def _trajectory_rows(batch: range, tokens: int, now: float) -> list[tuple[Any, ...]]:
+    half, meta = tokens // 2, _meta(tokens)
+    mask = np.r_[np.zeros(half), np.ones(half)]
+    fixed = {"token_ids": np.arange(tokens) % 300 + 20, "loss_mask": mask,
+             "logprobs": np.r_[np.full(half, np.nan), np.full(half, -0.5)]}  # fmt: skip
+    blobs = {k: encode_array(fixed[k], d) for k, d in ARRAY_DTYPES.items() if k in fixed}
+    rows = []
+    for i in batch:
+        v = i // 1000
+        versions = encode_array(np.where(mask > 0, v, -1), ARRAY_DTYPES["versions"])
+        rows.append((f"t{i}/0", f"t{i}", ENV, "failed" if i % 17 == 0 else "finished",
+                     float(i % 2), v, v + i % 3, tokens, half, blobs["token_ids"],
+                     blobs["logprobs"], versions, blobs["loss_mask"], meta, now + i))  # fmt: skip
+    return rows
+
+
+def fill(store: EpisodeStore, episodes: int, tokens: int = 64) -> None:
+    """``episodes`` finished one-turn episodes (one task each), 20,000 to a transaction,
+    written with ``executemany`` straight into the store's tables."""
     now = time.time()
     db = store._db
     for start in range(0, episodes, 20_000):
         batch = range(start, min(start + 20_000, episodes))
         db.execute("BEGIN")
-        db.executemany(
-            "INSERT INTO tasks (task_id, position, env_id, seed, env_kwargs, group_size, "
-            "state) VALUES (?, ?, ?, ?, '{}', 1, 'trained')",
-            [(f"t{i}", i, ENV, i) for i in batch],
-        )
-        db.executemany(
-            "INSERT INTO episodes (episode_id, attempt, task_id, env_id, state, "
-            "started_version, updated_at, reward) VALUES (?, 0, ?, ?, ?, ?, ?, ?)",
-            [
-                (
-                    f"t{i}/0",
-                    f"t{i}",
-                    ENV,
-                    "failed" if i % 17 == 0 else "finished",
-                    i // 1000,
-                    now + i,
-                    float(i % 2),
-                )
-                for i in batch
-            ],
-        )
-        rows = []
-        for i in batch:
-            v = i // 1000
-            blobs = [
-                encode_array(arrays[k], d)
-                if k != "versions"
-                else encode_array(np.where(arrays["loss_mask"] > 0, v, -1), d)
-                for k, d in ARRAY_DTYPES.items()
-            ]
-            rows.append(
-                (
-                    f"t{i}/0",
-                    f"t{i}",
-                    ENV,
-                    "failed" if i % 17 == 0 else "finished",
-                    float(i % 2),
-                    v,
-                    v + i % 3,
-                    tokens,
-                    half,
-                    *blobs,
-                    meta,
-                    now + i,
-                )
-            )
-        db.executemany(
-            "INSERT INTO trajectories (episode_id, attempt, segment, task_id, env_id, "
-            "status, reward, min_version, max_version, num_tokens, num_sampled, "
-            "token_ids, logprobs, versions, loss_mask, meta, created_at) VALUES "
-            "(?, 0, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            rows,
-        )
+        db.executemany("INSERT INTO tasks (task_id, position, env_id, seed, env_kwargs, "
+                       "group_size, state) VALUES (?, ?, ?, ?, '{}', 1, 'trained')",
+                       [(f"t{i}", i, ENV, i) for i in batch])  # fmt: skip
+        db.executemany("INSERT INTO episodes (episode_id, attempt, task_id, env_id, state, "
+                       "started_version, updated_at, reward) VALUES (?, 0, ?, ?, ?, ?, ?, ?)",
+                       [(f"t{i}/0", f"t{i}", ENV, "failed" if i % 17 == 0 else "finished",
+                         i // 1000, now + i, float(i % 2)) for i in batch])  # fmt: skip
+        db.executemany("INSERT INTO trajectories (episode_id, attempt, segment, task_id, env_id, "
+                       "status, reward, min_version, max_version, num_tokens, num_sampled, "
+                       "token_ids, logprobs, versions, loss_mask, meta, created_at) VALUES "
+                       "(?, 0, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                       _trajectory_rows(batch, tokens, now))  # fmt: skip
         db.execute("COMMIT")
 
 
