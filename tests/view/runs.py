@@ -82,16 +82,20 @@ class _Tokens:
             turn_rewards=rewards,
             reward=sum(rewards),
             turn_starts=self.turn_starts,
-            env_log=[
-                {"obs": messages[:2]},
-                *(
-                    {"action": m["content"], "reward": 0.5}
-                    for m in messages
-                    if m["role"] == "assistant"
-                ),
-            ],
+            env_log=_env_log(messages, task),
             **{"status": "finished", **kw},
         )
+
+
+def _env_log(messages: list[dict[str, Any]], task: Task) -> list[dict[str, Any]]:
+    """A reset, then one step per assistant turn, each with a state snapshot."""
+    target = (task.seed or 0) + 2
+    log: list[dict[str, Any]] = [{"obs": messages[:2], "state": {"target": target, "guesses": 0}}]
+    answers = [m["content"] for m in messages if m["role"] == "assistant"]
+    for k, answer in enumerate(answers):
+        log.append({"action": answer, "obs": [], "reward": 0.5,
+                    "state": {"target": target, "guesses": k + 1}})  # fmt: skip
+    return log
 
 
 def _episode(

@@ -132,6 +132,10 @@ def test_token_colours_match_the_stored_versions_in_every_overlay(
     text = page.inner_text("#tokens")
     assert "The answer is 3." in text  # the tokens decoded by the run's own tokenizer
     assert "calculator" in page.inner_text("#transcript")  # the tool call and its result
+    page.click("#env-log summary")
+    states = page.eval_on_selector_all(".state-diff", "e => e.map(d => d.textContent)")
+    assert states == ['state: {"target":3,"guesses":0}', "state: guesses: 0 → 1",
+                      "state: guesses: 1 → 2"]  # fmt: skip
 
 
 def test_a_resumed_episode_shows_its_two_attempts(page: Any, viewer: Viewer) -> None:

@@ -358,9 +358,41 @@ function transcript(ep) {
     }
     box.appendChild(node);
   }
-  if (ep.env_log.length) box.appendChild(el("details", {}, el("summary", {}, `env log (${ep.env_log.length} entries: observations, rewards, tool results, state snapshots)`),
-    el("pre", {}, ep.env_log.map((e) => JSON.stringify(e)).join("\n"))));
+  if (ep.env_log.length) box.appendChild(envLog(ep.env_log));
   return box;
+}
+
+function envLog(log) {
+  // What the env saw and said, entry by entry; a state snapshot as its change from the last.
+  const items = [];
+  let state = null;
+  log.forEach((e, i) => {
+    const short = (v) => (typeof v === "string" ? v : JSON.stringify(v));
+    let line;
+    if ("tool" in e) line = `tool ${e.tool}(${short(e.arguments)}) → ${short(e.result)}`;
+    else if ("action" in e) line = `step ${short(e.action)} → reward ${fmt(e.reward)}` + (e.obs ? `; obs ${short(e.obs)}` : "");
+    else line = `reset → obs ${short(e.obs)}`;
+    const item = el("li", { class: "env-entry" }, el("span", {}, `${i}. ${line}`));
+    if (e.state !== undefined) {
+      item.appendChild(el("div", { class: "state-diff" }, "state: " + stateDiff(state, e.state)));
+      state = e.state;
+    }
+    items.push(item);
+  });
+  return el("details", { id: "env-log" }, el("summary", {}, `env log (${log.length} entries: observations, rewards, tool results, state changes)`),
+    el("ol", { class: "env-log" }, items));
+}
+
+function stateDiff(before, after) {
+  if (before === null || typeof before !== "object" || typeof after !== "object" || after === null)
+    return JSON.stringify(after);
+  const changes = [];
+  for (const k of new Set([...Object.keys(before), ...Object.keys(after)])) {
+    const a = JSON.stringify(before[k]), b = JSON.stringify(after[k]);
+    if (a === b) continue;
+    changes.push(k in after ? (k in before ? `${k}: ${a} → ${b}` : `+${k}: ${b}`) : `-${k}`);
+  }
+  return changes.length ? changes.join(", ") : "unchanged";
 }
 
 function contentText(content) {
