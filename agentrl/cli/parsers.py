@@ -311,3 +311,7 @@ def _view_parser(commands: Subparsers) -> None:
                       help="write a static site to OUT/ (opens from disk)")  # fmt: skip
     view.add_argument("--max-episodes", type=int, default=None,
                       help="with --bundle: at most this many per run (newest)")  # fmt: skip
+    view.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
+                      help="with --bundle: only matching episodes (state, env, "
+                      "min_reward, max_reward, min_version_span, failure, attempt, "
+                      "origin); repeatable")  # fmt: skip

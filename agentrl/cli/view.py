@@ -19,12 +19,9 @@ def _view(args: argparse.Namespace, extra: list[str]) -> int:
 
     data = ViewData(Path(args.root))
     if args.bundle:
-        n = write_bundle(
-            data,
-            Path(args.bundle),
-            max_episodes=args.max_episodes,
-            say=lambda line: print(line, flush=True),
-        )
+        where = dict(_key_value(w) for w in args.where)
+        n = write_bundle(data, Path(args.bundle), max_episodes=args.max_episodes, where=where,
+                         say=lambda line: print(line, flush=True))  # fmt: skip
         print(f"wrote {n} episodes to {args.bundle}; open {Path(args.bundle) / 'index.html'}")
         return 0
     token = new_token(args.host)
@@ -47,3 +44,12 @@ def _view(args: argparse.Namespace, extra: list[str]) -> int:
         asyncio.run(serve(data, args.host, args.port, token, ready))
     print("agentrl view: stopped", file=sys.stderr)
     return 0
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    from agentrl.errors import ConfigError
+
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"--where {text!r}: write KEY=VALUE, e.g. --where state=failed")
+    return key, value

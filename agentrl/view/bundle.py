@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from agentrl.errors import ConfigError
-from agentrl.view.data import ViewData
+from agentrl.view.data import FILTERS, ViewData
 from agentrl.view.server import STATIC
 
 EVERY_EPISODE = {"limit": "1000000000"}
@@ -28,20 +28,14 @@ def write_bundle(
     out: Path,
     *,
     max_episodes: int | None = None,
+    where: Mapping[str, str] | None = None,
     say: Callable[[str], None] = lambda line: None,
 ) -> int:
     """Write the static site of every run under ``data``'s root to ``out``; return how
-    many episodes it holds (at most ``max_episodes`` per run, newest first)."""
-    if out.exists() and any(out.iterdir()) and not (out / "data" / "index.js").exists():
-        raise ConfigError(
-            f"{str(out)!r} is not empty and is not a bundle; give a new or empty "
-            "folder for --bundle"
-        )
-    if out.resolve() == data.root or data.root in out.resolve().parents:
-        raise ConfigError(
-            f"--bundle {str(out)!r} is inside the run directory {str(data.root)!r}, "
-            "which the viewer never writes to; choose a folder outside it"
-        )
+    many episodes it holds: those matching ``where`` (the filters of
+    :data:`~agentrl.view.data.FILTERS`), at most ``max_episodes`` per run, newest first."""
+    where = dict(where or {})
+    _check(data, out, where)
     (out / "data").mkdir(parents=True, exist_ok=True)
     shutil.copytree(STATIC, out / "static", dirs_exist_ok=True)
     page = (STATIC / "index.html").read_text()
@@ -64,7 +58,7 @@ def write_bundle(
             continue
         run_id = run["id"]
         put(f"run?run={run_id}", data.run(run_id))
-        query = {"limit": str(max_episodes)} if max_episodes else EVERY_EPISODE
+        query = {**where, **({"limit": str(max_episodes)} if max_episodes else EVERY_EPISODE)}
         page_of = data.episodes(run_id, query, page_max=10**9)
         put(f"episodes?run={run_id}", page_of)
         for row in page_of["rows"]:
@@ -78,3 +72,21 @@ def write_bundle(
         + ";\n"
     )
     return episodes
+
+
+def _check(data: ViewData, out: Path, where: Mapping[str, str]) -> None:
+    """Refuse a bundle folder that holds something else or lies in a run directory, and
+    filters the page does not know."""
+    unknown = sorted(set(where) - set(FILTERS))
+    if unknown:
+        raise ConfigError(f"--where {unknown[0]}=...: not a filter; use one of {list(FILTERS)}")
+    if out.exists() and any(out.iterdir()) and not (out / "data" / "index.js").exists():
+        raise ConfigError(
+            f"{str(out)!r} is not empty and is not a bundle; give a new or empty "
+            "folder for --bundle"
+        )
+    if out.resolve() == data.root or data.root in out.resolve().parents:
+        raise ConfigError(
+            f"--bundle {str(out)!r} is inside the run directory {str(data.root)!r}, "
+            "which the viewer never writes to; choose a folder outside it"
+        )

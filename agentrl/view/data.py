@@ -20,6 +20,10 @@ from agentrl.view import runs
 from agentrl.view.episodes import episode_detail
 from agentrl.view.tokens import TokenText
 
+FILTERS = ("state", "env", "min_reward", "max_reward", "min_version_span", "failure",
+           "attempt", "origin")  # fmt: skip
+"""The episode filters a request (or ``--bundle --where``) may give."""
+
 PAGE_MAX = 500
 """The most episodes one page may hold."""
 

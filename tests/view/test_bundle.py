@@ -78,3 +78,18 @@ def test_a_bundle_is_never_written_into_a_run_directory(built: Built) -> None:
     assert done.returncode == 1
     assert "inside the run directory" in done.stderr and "choose a folder outside" in done.stderr
     assert not (built.run / "site").exists()
+
+
+def test_a_bundle_of_the_failed_attempts_only(built: Built, browser: Any, tmp_path: Path) -> None:
+    out = tmp_path / "failed"
+    done = view(str(built.root), "--bundle", str(out), "--where", "state=retried")
+    assert done.returncode == 0, done.stderr
+    assert "wrote 1 episodes" in done.stdout
+    page = browser.new_context().new_page()
+    page.goto((out / "index.html").as_uri() + "#/run?run=demo")
+    assert page.wait_for_selector("tr.episode-row").get_attribute("data-episode") == built.resumed
+    assert page.inner_text("#page-info") == "1–1 of 1"
+    bad = view(str(built.root), "--bundle", str(tmp_path / "x"), "--where", "colour=red")
+    assert bad.returncode == 1 and "--where colour=...: not a filter" in bad.stderr
+    bad = view(str(built.root), "--bundle", str(tmp_path / "y"), "--where", "failed")
+    assert bad.returncode == 1 and "write KEY=VALUE" in bad.stderr
