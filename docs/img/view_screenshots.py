@@ -40,6 +40,7 @@ def main() -> None:
                 page.screenshot(path=HERE / "viewer-run.png", full_page=False)
                 page.goto(f"{viewer.url}#/episode?run=demo&id={quote('t5/0', safe='')}")
                 page.wait_for_selector("#tokens .tok")
+                page.click("#env-log summary")  # the env log, with its state changes
                 page.screenshot(path=HERE / "viewer-episode.png", full_page=True)
                 live = [{"episode": f"t{7 + i}/{i % 2}", "env": "agentrl/Calculator-v0",
                          "turn": i % 3, "phase": "engine" if i % 2 else "env",

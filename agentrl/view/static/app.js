@@ -366,13 +366,13 @@ function envLog(log) {
   // What the env saw and said, entry by entry; a state snapshot as its change from the last.
   const items = [];
   let state = null;
-  log.forEach((e, i) => {
+  log.forEach((e) => {
     const short = (v) => (typeof v === "string" ? v : JSON.stringify(v));
     let line;
     if ("tool" in e) line = `tool ${e.tool}(${short(e.arguments)}) → ${short(e.result)}`;
     else if ("action" in e) line = `step ${short(e.action)} → reward ${fmt(e.reward)}` + (e.obs ? `; obs ${short(e.obs)}` : "");
     else line = `reset → obs ${short(e.obs)}`;
-    const item = el("li", { class: "env-entry" }, el("span", {}, `${i}. ${line}`));
+    const item = el("li", { class: "env-entry" }, el("span", {}, line));
     if (e.state !== undefined) {
       item.appendChild(el("div", { class: "state-diff" }, "state: " + stateDiff(state, e.state)));
       state = e.state;
@@ -380,7 +380,7 @@ function envLog(log) {
     items.push(item);
   });
   return el("details", { id: "env-log" }, el("summary", {}, `env log (${log.length} entries: observations, rewards, tool results, state changes)`),
-    el("ol", { class: "env-log" }, items));
+    el("ol", { class: "env-log", start: 0 }, items));
 }
 
 function stateDiff(before, after) {
