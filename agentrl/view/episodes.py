@@ -7,6 +7,9 @@ In: a read-only :class:`~agentrl.store.EpisodeStore`, an episode id (and attempt
 * ``segments``: each training segment's tokens as parallel arrays (``ids``,
   ``versions``, ``logprobs`` with None for NaN, ``mask``) and its spans
   (``[kind, start, end, turn]``), plus ``texts`` (the text of each distinct id);
+* ``segments[i]["trainer"]``, for a trained segment of a run that keeps the trainer's
+  record (:mod:`agentrl.trainer.tokenrecord`): its logprob, importance weight,
+  advantage and correction mask per token;
 * ``attempts``: every attempt of the episode (a crash or a retry makes more than one);
 * ``lineage``: the episode it was resumed or forked from, the episodes derived from
   it, and for a fork the first assistant turn whose tokens differ from its parent's.
@@ -22,6 +25,7 @@ import numpy as np
 
 from agentrl.errors import ConfigError
 from agentrl.store import EpisodeStore, browse
+from agentrl.trainer.tokenrecord import read_record
 from agentrl.types import SegmentArrays
 from agentrl.view.tokens import TokenText
 
@@ -45,6 +49,10 @@ def episode_detail(
         )
     recorded = _recorded(store, episode_id, chosen["attempt"])
     segments = [_segment(s) for s in recorded["segments"]]
+    trained = read_record(store.path.parent, episode_id, chosen["attempt"])
+    for index, segment in enumerate(segments):
+        if index in trained:  # what the trainer computed for it, token by token
+            segment["trainer"] = trained[index]
     ids = [i for s in recorded["segments"] for i in s.token_ids.tolist()]
     parent = _DERIVED.match(episode_id)
     return {

@@ -221,6 +221,7 @@ def build_runs(root: Path, tokenizer: Any, model_path: str) -> Built:
             store.complete_group(_group(store, tasks[step]))
             store.mark_consumed([_group(store, tasks[step])], step)
             store.record_version(step + 1, "full", "trainer")
+    _trainer_record(run, built)
     now = time.time()
     with (run / "metrics.jsonl").open("w") as f:
         for step in range(5):
@@ -252,3 +253,21 @@ def _group(store: EpisodeStore, task: Task) -> Any:
 
     episodes = store.ended_episodes(task.task_id)
     return Group(task, 2, [t for ts in episodes.values() for t in ts])
+
+
+def _trainer_record(run: Path, built: Built) -> None:
+    """The trainer's record of ``t1/0`` at step 1: advantage 0.7, weight 1, logprob -0.5
+    on every column, and the last sampled token masked by a correction."""
+    from agentrl.trainer.tokenrecord import TokenRecorder
+
+    versions = np.array(built.versions["t1/0"])
+    n = len(versions)
+    mask = (versions >= 0).astype(np.float32)[None, 1:]
+    keep = mask.copy()
+    keep[0, np.flatnonzero(mask[0])[-1]] = 0.0
+    columns = np.ones((1, n - 1), dtype=np.float32)
+    batch = type("MicroBatch", (), {"keys": (("t1/0", 0, 0),), "advantages": 0.7 * columns,
+                                    "mask": mask, "attention_mask": np.ones((1, n))})  # fmt: skip
+    recorder = TokenRecorder(run)
+    recorder.add(1, batch, -0.5 * columns, columns, keep)
+    recorder.close()

@@ -14,7 +14,8 @@ from urllib.parse import quote
 import pytest
 
 from agentrl.monitor import read_status
-from agentrl.store import FINAL_STATES
+from agentrl.store import FINAL_STATES, EpisodeStore
+from agentrl.trainer.tokenrecord import read_record
 from tests.faults.harness import Proc
 from tests.view.conftest import Viewer
 
@@ -79,5 +80,24 @@ def test_an_in_flight_episode_appears_and_ends_without_a_reload(
             page.reload()
         assert state in FINAL_STATES, f"{first} is still {state}"
         assert page.locator("#tokens .tok").count() > 0
+        trained = _a_trained_episode(run_dir)
+        record = read_record(run_dir, trained, 0)
+        assert record and len(record[0]["advantage"]) > 1  # the trainer's per-token record
+        page.goto(f"{viewer.url}#/episode?run=live&id={quote(trained, safe='')}&attempt=0")
+        page.select_option("#overlay", "advantage")  # offered: the record is there
     finally:
         viewer.stop()
+
+
+def _a_trained_episode(run_dir: Path) -> str:
+    """An episode (attempt 0) of the first optimizer step, once there is one."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        with EpisodeStore.open(run_dir, create=False) as store:
+            consumed = [c for c in store.consumed() if c["segment"] == 0]
+            attempts = {(r["episode_id"], r["attempt"]) for r in store.episodes()}
+        for c in consumed:
+            if (c["episode_id"], 0) in attempts and (c["episode_id"], 1) not in attempts:
+                return str(c["episode_id"])
+        time.sleep(0.5)
+    raise AssertionError("no optimizer step in 300 s")

@@ -42,6 +42,7 @@ def page(browser: Any, viewer: Viewer) -> Iterator[Any]:
         context.close()
 
 
+COLOURS = "e => e.map(t => getComputedStyle(t).backgroundColor)"
 ROW_KEYS = "e => e.map(r => r.dataset.episode + '#' + r.dataset.attempt)"
 
 
@@ -132,6 +133,13 @@ def test_token_colours_match_the_stored_versions_in_every_overlay(
     text = page.inner_text("#tokens")
     assert "The answer is 3." in text  # the tokens decoded by the run's own tokenizer
     assert "calculator" in page.inner_text("#transcript")  # the tool call and its result
+    page.select_option("#overlay", "advantage")  # the trainer's record of this episode
+    by_advantage = page.eval_on_selector_all(".tok", COLOURS)
+    assert [c != "rgba(0, 0, 0, 0)" for c in by_advantage] == [v >= 0 for v in stored]
+    page.select_option("#overlay", "masked")
+    masked = [c != "rgba(0, 0, 0, 0)" for c in page.eval_on_selector_all(".tok", COLOURS)]
+    last_sampled = max(i for i, v in enumerate(stored) if v >= 0)
+    assert masked == [i == last_sampled for i in range(len(stored))]
     page.click("#env-log summary")
     states = page.eval_on_selector_all(".state-diff", "e => e.map(d => d.textContent)")
     assert states == ['state: {"target":3,"guesses":0}', "state: guesses: 0 → 1",
