@@ -270,6 +270,8 @@ async def _train(out: _RunOutput, model_path: str, store: EpisodeStore, display:
     out.reporter.say(f"run directory: {out.run_dir}")
     trainer = await _start_trainer(cfg, model_path, accelerator, resume, out.reporter, out.run_dir)
     async with contextlib.AsyncExitStack() as stack:
+        if trainer.recorder is not None:
+            stack.callback(trainer.recorder.close)
         client, pool = await _start_inference(cfg, model_path, out.run_dir / "logs", stack,
                                               out.reporter)  # fmt: skip
         out = await _start_env_servers(out, stack)
