@@ -35,6 +35,14 @@ install: $(STAMP)
 	      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null 2>&1; }; } && \
 	  echo "installed bubblewrap (the sandbox of the python tool)"; } || \
 	  echo "note: bubblewrap is not installed; the python tool's sandbox uses unshare if it can (apt-get install bubblewrap)"
+	@# The OS's Chromium for the viewer's browser tests (tests/view, Playwright drives it;
+	@# no browser is ever downloaded). Never fails: without it those tests fail and say so.
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1 || \
+	    { apt-get update -qq >/dev/null 2>&1 && \
+	      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1; }; } && \
+	  echo "installed chromium (the browser of the viewer's tests)"; } || \
+	  echo "note: chromium is not installed; tests/view need it (apt-get install chromium)"
 
 # Re-runs only when pyproject.toml changes, so a second `make install` is instant.
 $(STAMP): pyproject.toml

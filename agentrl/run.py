@@ -268,8 +268,10 @@ async def _train(out: _RunOutput, model_path: str, store: EpisodeStore, display:
 
     cfg, status, tracer = out.config, out.status, out.tracer
     out.reporter.say(f"run directory: {out.run_dir}")
-    trainer = await _start_trainer(cfg, model_path, accelerator, resume, out.reporter)
+    trainer = await _start_trainer(cfg, model_path, accelerator, resume, out.reporter, out.run_dir)
     async with contextlib.AsyncExitStack() as stack:
+        if trainer.recorder is not None:
+            stack.callback(trainer.recorder.close)
         client, pool = await _start_inference(cfg, model_path, out.run_dir / "logs", stack,
                                               out.reporter)  # fmt: skip
         out = await _start_env_servers(out, stack)
@@ -336,12 +338,14 @@ async def _start_env_servers(out: _RunOutput, stack: contextlib.AsyncExitStack) 
 
 
 async def _start_trainer(cfg: RunConfig, model_path: str, accelerator: Any, resume: bool,
-                         reporter: Reporter) -> Trainer:  # fmt: skip
+                         reporter: Reporter, run_dir: Path) -> Trainer:  # fmt: skip
+    from agentrl.trainer.tokenrecord import TokenRecorder
     from agentrl.trainer.trainer import Trainer
 
+    recorder = TokenRecorder(run_dir) if cfg.trainer.record_tokens else None
     trainer = await asyncio.to_thread(Trainer, model_path, cfg.trainer,
                                       temperature=cfg.rollout.temperature, seed=cfg.run.seed,
-                                      accelerator=accelerator)  # fmt: skip
+                                      accelerator=accelerator, recorder=recorder)  # fmt: skip
     reporter.say(trainer.placement())
     for level, line in trainer.advice():
         if level == "warning":

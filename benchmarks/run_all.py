@@ -29,6 +29,7 @@ BENCHMARKS = [
     ("sandbox", "bench_sandbox.py", []),
     ("remote_env", "bench_remote_env.py", []),
     ("ceiling", "bench_ceiling.py", []),
+    ("view", "bench_view.py", []),
 ]
 
 

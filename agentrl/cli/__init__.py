@@ -12,6 +12,7 @@ be replayed. Start with:
     agentrl serve-env ENV_ID --port P        serve an env over OpenEnv (for [env] url)
     agentrl replay RUN_DIR [EPISODE]         list, show, verify, resume or fork episodes
     agentrl scan RUN_DIR                     health warnings and the episodes behind them
+    agentrl view [RUNS_DIR]                  a web page of runs and episodes (local)
     agentrl eval MODEL_OR_RUN_DIR --env ID   pass@k and avg@k on held-out tasks
     agentrl export RUN_DIR --format F --out P  episodes as an Inspect log, ATIF or JSONL
     agentrl config --defaults                every config key with its default
@@ -59,12 +60,14 @@ from agentrl.cli.parsers import (
     _serve_parser,
     _top_parser,
     _train_parser,
+    _view_parser,
 )
 from agentrl.cli.replay import _replay
 from agentrl.cli.rollout import _config, _rollout
 from agentrl.cli.scan import _scan
 from agentrl.cli.serve_env import _serve_env
 from agentrl.cli.train import _audit, _serve, _train
+from agentrl.cli.view import _view
 from agentrl.errors import AgentRLError
 
 __all__ = ["COMMANDS", "DEMO_QUESTIONS", "main", "quiet_vllm"]
@@ -170,5 +173,6 @@ COMMANDS: dict[str, _Command] = {
     "replay": _Command(_replay_parser, _replay),
     "scan": _Command(_scan_parser, _scan),
     "export": _Command(_export_parser, _export),
+    "view": _Command(_view_parser, _view),
 }
 """Every subcommand, in ``agentrl --help`` order."""

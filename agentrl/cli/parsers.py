@@ -350,3 +350,27 @@ def _overrides(args: argparse.Namespace, extra: Sequence[str]) -> list[str]:
     flags = [f"--{k[4:]}={json.dumps(v)}" for k, v in vars(args).items()
              if k.startswith("key:") and v is not None]  # fmt: skip
     return [*_checked_overrides(extra), *flags]
+
+
+def _view_parser(commands: Subparsers) -> None:
+    view = commands.add_parser(
+        "view", help="a web page of runs and episodes (local; read-only)",
+        description="Serve a web page of the runs under a folder (or one run directory): "
+        "metrics, episodes with filters, each episode's transcript and tokens coloured by "
+        "policy version, and in-flight episodes of a running train. Binds 127.0.0.1; "
+        "another --host needs the token printed in the URL. Never writes to the runs.",
+    )  # fmt: skip
+    view.add_argument("root", nargs="?", default="runs",
+                      help="a run directory, or a folder of them (default: runs)")  # fmt: skip
+    view.add_argument("--port", type=int, default=0, help="port (default: a free one)")
+    view.add_argument("--host", default="127.0.0.1",
+                      help="address to bind; not loopback: a token is required")  # fmt: skip
+    view.add_argument("--no-browser", action="store_true", help="do not open a browser")
+    view.add_argument("--bundle", default=None, metavar="OUT",
+                      help="write a static site to OUT/ (opens from disk)")  # fmt: skip
+    view.add_argument("--max-episodes", type=int, default=None,
+                      help="with --bundle: at most this many per run (newest)")  # fmt: skip
+    view.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
+                      help="with --bundle: only matching episodes (state, env, "
+                      "min_reward, max_reward, min_version_span, failure, attempt, "
+                      "origin); repeatable")  # fmt: skip

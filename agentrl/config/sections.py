@@ -511,6 +511,9 @@ class TrainerConfig:
     """Threads for the trainer's math on CPU (unset: torch's default)."""
     borrow_idle_cores: bool = True
     """On CPU, the trainer uses every core while no episode is being generated."""
+    record_tokens: bool = True
+    """Keep each trained token's trainer logprob, importance weight, advantage and mask in
+    RUN_DIR/trainer_tokens.db (7 bytes a token; shown by `agentrl view`)."""
     loss: LossConfig = dataclasses.field(default_factory=LossConfig)
     """The objective."""
     lora: LoraConfig = dataclasses.field(default_factory=LoraConfig)

@@ -94,6 +94,8 @@ class MicroBatch:
     """One advantage per (shifted) token."""
     packed: Packed | None = None
     """Set for a packed micro-batch (:func:`packed_micro_batches`)."""
+    keys: tuple[tuple[str, int, int], ...] = ()
+    """Each row's trajectory: ``(episode_id, attempt, segment)`` (for the token record)."""
 
     @property
     def tokens(self) -> int:
@@ -203,7 +205,12 @@ def _pad(rows: list[Row], pad_id: int) -> MicroBatch:
         behaviour_logprobs=torch.from_numpy(behaviour[:, 1:].copy()),
         versions=torch.from_numpy(versions[:, 1:].copy()),
         advantages=torch.from_numpy(advantages[:, 1:].copy()),
+        keys=tuple(_key(r.trajectory) for r in rows),
     )
+
+
+def _key(t: Trajectory) -> tuple[str, int, int]:
+    return t.episode_id, t.attempt, t.segment
 
 
 def packed_micro_batches(rows: Sequence[Row], max_tokens: int,

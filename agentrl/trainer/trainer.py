@@ -58,6 +58,7 @@ from agentrl.trainer.placement import (
     resolve_precision,
     resolve_switch,
 )
+from agentrl.trainer.tokenrecord import TokenRecorder
 from agentrl.types import Group
 
 logger = logging.getLogger(__name__)
@@ -134,6 +135,7 @@ class Trainer:
         temperature: float,
         seed: int,
         accelerator: Any = None,
+        recorder: TokenRecorder | None = None,
     ) -> None:
         """Load the model (and a LoRA adapter, and a reference model for KL).
 
@@ -203,6 +205,7 @@ class Trainer:
             **({"fused": True} if fused else {}),
         )  # fmt: skip
         self.accelerator = accelerator
+        self.recorder = recorder  # the per-token record of each trained row, if kept
         self._full_state: dict[str, torch.Tensor] | None = None
         self.rank, self.world = 0, 1
         if accelerator is not None:
@@ -579,6 +582,8 @@ class Trainer:
             weights = importance_weights(old, mb.behaviour_logprobs, mask, lc.correction,
                                          lc.correction_min, lc.correction_max)  # fmt: skip
         masks = correction_masks(old, mb.behaviour_logprobs, mask, lc)
+        if self.recorder is not None:
+            self.recorder.add(self.step + 1, mb, old, weights, masks.keep)
         ref = self._ref_logprobs(mb) if cfg.loss.beta > 0 else None
         loss, stats = policy_loss(
             logprobs, mb.behaviour_logprobs if lc.kind == "dppo" else old, mb.advantages,
