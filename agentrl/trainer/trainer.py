@@ -175,26 +175,8 @@ class Trainer:
         torch.manual_seed(seed)
         self.model_path = model_path
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        model = self._load(AutoModelForCausalLM, model_path)
-        if cfg.gradient_checkpointing:
-            model.gradient_checkpointing_enable(
-                gradient_checkpointing_kwargs={"use_reentrant": False}
-            )
         self.ref_model: Any = None
-        if cfg.lora.enabled:
-            from peft import LoraConfig, get_peft_model
-
-            lora = cfg.lora
-            model = get_peft_model(
-                model,
-                LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                           target_modules=list(lora.target_modules)),
-            )  # fmt: skip
-        elif cfg.loss.beta > 0:
-            self.ref_model = self._load(AutoModelForCausalLM, model_path)
-            self.ref_model.eval().requires_grad_(False)
-            self.ref_model.to(self._device)
-        self.model = model
+        self.model = self._build_model(AutoModelForCausalLM, model_path)
         self.model.train()
         if accelerator is None:
             self.model.to(self._device)
@@ -219,6 +201,30 @@ class Trainer:
         self.step = 0
         self._version = 0
         self.pad_id = int(self.tokenizer.pad_token_id or 0)
+
+    def _build_model(self, auto: Any, model_path: str) -> Any:
+        """The policy to train (with gradient checkpointing and a LoRA adapter, as
+        configured); the frozen reference model too when the loss has a KL term."""
+        cfg = self.config
+        model = self._load(auto, model_path)
+        if cfg.gradient_checkpointing:
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
+        if cfg.lora.enabled:
+            from peft import LoraConfig, get_peft_model
+
+            lora = cfg.lora
+            model = get_peft_model(
+                model,
+                LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                           target_modules=list(lora.target_modules)),
+            )  # fmt: skip
+        elif cfg.loss.beta > 0:
+            self.ref_model = self._load(auto, model_path)
+            self.ref_model.eval().requires_grad_(False)
+            self.ref_model.to(self._device)
+        return model
 
     def _load(self, auto: Any, model_path: str) -> Any:
         """The model in fp32 with the packed attention and the chunked LM head, if set."""
