@@ -72,4 +72,6 @@ def test_rollout_refuses_bad_arguments_before_starting_vllm(tmp_path: Path) -> N
     assert out.returncode == 1 and "multiple of --group-size (2)" in out.stderr
     out = subprocess.run([*CLI, "nope/Missing-v0", "--out", str(tmp_path / "x")],
                          capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert out.returncode == 1 and "cannot make env 'nope/Missing-v0'" in out.stderr
+    # the unknown id is the first (and only) error, before any flag arithmetic (issue 53)
+    assert out.returncode == 1 and "'nope/Missing-v0' is not registered" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
