@@ -171,8 +171,13 @@ def test_check_env_reports_the_mode_of_an_envs_code_tools(
     assert found.mechanism == (working[0] if working else None), found
     assert tool_sandboxes("agentrl/Calculator-v0") == []  # no tool that runs code
     # What `agentrl check-env` prints (the env's rules are tested in tests/test_check.py).
-    monkeypatch.setattr(check, "check_env", lambda env_id, raise_on_failure: [])
-    _check_env(argparse.Namespace(env_id="agentrl/PythonPuzzle-v0", imports=[]), [])
+    monkeypatch.setattr(check, "check_env", lambda env_id, **options: [])
+    _check_env(
+        argparse.Namespace(
+            env_id="agentrl/PythonPuzzle-v0", imports=[], example_actions=[], kwargs={}
+        ),
+        [],
+    )
     if working:
         assert f"INFO  tool python          {working[0]}: " in capsys.readouterr().out
 
@@ -186,8 +191,13 @@ def test_check_env_says_when_a_tool_refuses_to_run(
     (found,) = tool_sandboxes("agentrl/PythonPuzzle-v0")
     assert found.mechanism == "process" and "NO OS isolation" in found.detail
     monkeypatch.delenv("AGENTRL_SANDBOX")
-    monkeypatch.setattr(check, "check_env", lambda env_id, raise_on_failure: [])
-    _check_env(argparse.Namespace(env_id="agentrl/PythonPuzzle-v0", imports=[]), [])
+    monkeypatch.setattr(check, "check_env", lambda env_id, **options: [])
+    _check_env(
+        argparse.Namespace(
+            env_id="agentrl/PythonPuzzle-v0", imports=[], example_actions=[], kwargs={}
+        ),
+        [],
+    )
     assert "WARN  tool python          refuses to run here: no OS isolation" in (
         capsys.readouterr().out
     )
