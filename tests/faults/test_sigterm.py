@@ -115,8 +115,10 @@ def _sigterm_three_times_then_resume(tmp_path: Path, model_cache: Path, mode: st
 
 @pytest.mark.vllm
 @pytest.mark.timeout(1800)
-@pytest.mark.parametrize("mode", [
-    "engine", pytest.param("server", marks=pytest.mark.soak)])  # fmt: skip
+# Both modes in `make soak` only (about 3 minutes each on 2 cores): `make test` pays for
+# the browser, docs and export tests with them.
+@pytest.mark.soak
+@pytest.mark.parametrize("mode", ["engine", "server"])
 def test_sigterm_at_three_moments_stops_cleanly_then_resume_finishes(
     tmp_path: Path, model_cache: Path, mode: str, record_fault: Any
 ) -> None:

@@ -42,6 +42,7 @@ stop_on = ["entropy_collapse"]
 
 
 @pytest.mark.vllm
+@pytest.mark.soak  # a whole `agentrl train` (minutes on 2 cores): in `make soak`
 @pytest.mark.timeout(900)
 def test_stop_on_stops_resumably_and_scan_reads_the_run(tmp_path: Path,
                                                         model_cache: Path) -> None:  # fmt: skip

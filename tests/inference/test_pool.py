@@ -45,6 +45,7 @@ def _episode(request_id: str) -> str:
 
 
 @pytest.mark.vllm
+@pytest.mark.soak  # about 2 minutes on 2 cores: in `make soak`, out of `make test`
 async def test_killed_server_fails_over_restarts_and_catches_up(
     tiny_model: Path, perturbed_weights: Path, tokenizer: Any, tmp_path: Path
 ) -> None:
