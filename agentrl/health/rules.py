@@ -86,16 +86,28 @@ class Rule(Protocol):
     def check(self, h: History) -> str | None: ...
 
 
+def _learning(h: History, rise: float, w: int) -> bool:
+    """Whether the mean reward has risen by ``rise`` since the first window: a policy that
+    narrows while it learns is converging, not collapsing (a healthy demo does both)."""
+    if h.count("reward_mean") < 2 * w:
+        return False
+    return h.recent("reward_mean", w) - h.baseline("reward_mean", w) >= rise
+
+
 class EntropyCollapse:
-    """Mean sampled-token entropy below a floor, or fallen far below where it started."""
+    """Mean sampled-token entropy below a floor, or fallen far below where it started,
+    while the reward has not risen (``reward_rise``): collapse without learning."""
 
     name = "entropy_collapse"
     metrics = ("entropy",)
 
     def __init__(self, c: HealthConfig) -> None:
         self.floor, self.drop, self.w = c.entropy_floor, c.entropy_drop, c.window
+        self.rise = c.reward_rise
 
     def check(self, h: History) -> str | None:
+        if _learning(h, self.rise, self.w):
+            return None
         last = h.last("entropy")
         if last < self.floor:
             return f"sampled-token entropy {last:.4f} nats, under the floor {self.floor}"
@@ -253,7 +265,8 @@ class Truncation:
 
 
 class Staleness:
-    """Mean staleness near ``rollout.max_staleness``: generation runs ahead of training."""
+    """Mean staleness near ``rollout.max_staleness``: generation runs ahead of training.
+    Silent at a bound of 1, where sitting at the bound is the designed one-step overlap."""
 
     name = "staleness"
     metrics = ("staleness_mean",)
@@ -262,7 +275,7 @@ class Staleness:
         self.bound, self.fraction, self.w = max_staleness, c.staleness_fraction, c.window
 
     def check(self, h: History) -> str | None:
-        if not self.bound or h.count("staleness_mean") < self.w:
+        if not self.bound or self.bound < 2 or h.count("staleness_mean") < self.w:
             return None
         now = h.recent("staleness_mean", self.w)
         if now >= self.fraction * self.bound:
@@ -296,17 +309,21 @@ def _zero_nan(value: float) -> float:
 
 
 class DegenerateText:
-    """The same completion across most of a group, or turns looping on one n-gram."""
+    """The same completion across most of a group while the reward has not risen (a
+    converged policy answers alike; judged once two windows are in), or turns looping
+    on one n-gram."""
 
     name = "degenerate_text"
     metrics = ("repeated_completion_share", "ngram_repeat_share")
 
     def __init__(self, c: HealthConfig) -> None:
         self.groups, self.turns = c.repeated_completion_share, c.ngram_repeat_share
+        self.rise, self.w = c.reward_rise, c.window
 
     def check(self, h: History) -> str | None:
         same, loops = h.last("repeated_completion_share"), h.last("ngram_repeat_share")
-        if same >= self.groups:
+        knowable = h.count("reward_mean") >= 2 * self.w  # whether the reward is rising
+        if same >= self.groups and knowable and not _learning(h, self.rise, self.w):
             return f"in {same:.0%} of groups most episodes wrote the same text"
         if loops >= self.turns:
             return f"{loops:.0%} of assistant turns loop on one repeated n-gram"
