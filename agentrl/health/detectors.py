@@ -99,14 +99,16 @@ def reward_without_success(episode: Episode, context: ScanContext) -> str | None
 
 
 def extreme_length(episode: Episode, context: ScanContext) -> str | None:
-    """Sampled tokens more than 4x, or under a quarter of, the run's median."""
+    """Sampled tokens more than 4x the run's median, or a near-empty reply: fewer than
+    max(3, median / 8). A short direct answer (a fifth of the median, say, where the
+    usual episode calls a tool first) is a choice of the policy, not an extreme."""
     n, median = episode.sampled_tokens, context.median_sampled
     if not median >= 8:
         return None
     if n > 4 * median:
         return f"{n} sampled tokens, {n / median:.1f}x the run's median ({median:.0f})"
-    if n < median / 4:
-        return f"{n} sampled tokens, under a quarter of the run's median ({median:.0f})"
+    if n < max(3.0, median / 8):
+        return f"{n} sampled tokens, a near-empty reply (the run's median is {median:.0f})"
     return None
 
 
