@@ -50,6 +50,7 @@ from agentrl.trainer.batch import (
 )
 from agentrl.trainer.corrections import CorrectionMasks, correction_masks
 from agentrl.trainer.losses import importance_weights, policy_loss
+from agentrl.trainer.models import ModelLoad
 from agentrl.trainer.placement import (
     describe_device,
     is_out_of_memory,
@@ -93,35 +94,6 @@ class StepStats:
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-def compile_layers(model: Any) -> int:
-    """``torch.compile`` every decoder layer of ``model`` in place; how many there are.
-
-    The layers are the model's ``_no_split_modules`` classes (transformers names its
-    repeated block there). Compiled with ``dynamic=True``: packed and padded micro-batches
-    change length at every call, and one graph serves them all. The layers share it (their
-    weights are the graph's inputs); should a torch version guard on each layer instead,
-    dynamo's recompile limit is raised to twice the layer count, so that every layer gets
-    its own graph rather than silently falling back to eager.
-
-    Raises:
-        ConfigError: the model names no decoder layer class.
-    """
-    names = set(getattr(model, "_no_split_modules", None) or ())
-    layers = [m for m in model.modules() if type(m).__name__ in names]
-    if not layers:
-        raise ConfigError(
-            f"trainer.compile = true but {type(model).__name__} names no decoder layer "
-            f"(_no_split_modules is {sorted(names) or 'empty'}); set trainer.compile = false"
-        )
-    import torch._dynamo
-
-    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit,
-                                                2 * len(layers))  # fmt: skip
-    for layer in layers:
-        layer.compile(dynamic=True)
-    return len(layers)
 
 
 class Trainer:
@@ -175,8 +147,10 @@ class Trainer:
         torch.manual_seed(seed)
         self.model_path = model_path
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.ref_model: Any = None
-        self.model = self._build_model(AutoModelForCausalLM, model_path)
+        loader = ModelLoad(cfg, self.packing, self.attention, self.chunked_logprob, temperature)
+        self.model, self.ref_model = loader.policy_and_reference(
+            AutoModelForCausalLM, model_path, self._device
+        )
         self.model.train()
         if accelerator is None:
             self.model.to(self._device)
@@ -201,51 +175,6 @@ class Trainer:
         self.step = 0
         self._version = 0
         self.pad_id = int(self.tokenizer.pad_token_id or 0)
-
-    def _build_model(self, auto: Any, model_path: str) -> Any:
-        """The policy to train (with gradient checkpointing and a LoRA adapter, as
-        configured); the frozen reference model too when the loss has a KL term."""
-        cfg = self.config
-        model = self._load(auto, model_path)
-        if cfg.gradient_checkpointing:
-            model.gradient_checkpointing_enable(
-                gradient_checkpointing_kwargs={"use_reentrant": False}
-            )
-        if cfg.lora.enabled:
-            from peft import LoraConfig, get_peft_model
-
-            lora = cfg.lora
-            model = get_peft_model(
-                model,
-                LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                           target_modules=list(lora.target_modules)),
-            )  # fmt: skip
-        elif cfg.loss.beta > 0:
-            self.ref_model = self._load(auto, model_path)
-            self.ref_model.eval().requires_grad_(False)
-            self.ref_model.to(self._device)
-        return model
-
-    def _load(self, auto: Any, model_path: str) -> Any:
-        """The model in fp32 with the packed attention and the chunked LM head, if set."""
-        model = auto.from_pretrained(model_path, dtype=torch.float32)
-        model.config.use_cache = False
-        if self.packing:
-            packed_attention.register()
-            try:
-                model.set_attn_implementation(self.attention)
-            except (ImportError, ValueError) as e:
-                raise ConfigError(
-                    f"trainer.packed_attention = {self.config.packed_attention!r} "
-                    f"({self.attention}) cannot run here: {e}; use 'auto' or 'rows'"
-                ) from e
-        if self.chunked_logprob:
-            from trl.trainer.utils import add_fused_lm_head
-
-            add_fused_lm_head(model, temperature=self.temperature)
-        if self.config.compile:
-            compile_layers(model)
-        return model
 
     def placement(self) -> str:
         """Where and how the trainer runs, in one line (``agentrl train`` says it at start)."""

@@ -26,8 +26,9 @@ from agentrl.config import LoraConfig, LossConfig, TrainerConfig
 from agentrl.errors import ConfigError
 from agentrl.trainer.batch import micro_batches, packed_micro_batches, rows_from_groups
 from agentrl.trainer.losses import importance_weights
+from agentrl.trainer.models import compile_layers
 from agentrl.trainer.placement import TrainerMemoryError, resolve_device, resolve_precision
-from agentrl.trainer.trainer import Trainer, compile_layers
+from agentrl.trainer.trainer import Trainer
 from tests.trainer.test_checkpoint import synthetic_groups
 
 FP32_GRAD = 1e-5
