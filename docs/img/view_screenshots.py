@@ -51,7 +51,10 @@ def main() -> None:
                     "version": 3, "updated_at": time.time(), "episodes": live}))  # fmt: skip
                 page.goto(f"{viewer.url}#/run?run=demo")
                 page.wait_for_selector("tr.live-episode")
-                page.screenshot(path=HERE / "viewer-live.png", clip={"x": 0, "y": 0, "width": 1280, "height": 420})
+                page.screenshot(
+                    path=HERE / "viewer-live.png",
+                    clip={"x": 0, "y": 0, "width": 1280, "height": 420},
+                )
                 browser.close()
         finally:
             viewer.stop()
