@@ -5,6 +5,7 @@ Components import their own section (``from agentrl.config import RolloutConfig`
 imports only the standard library and :mod:`agentrl.errors`.
 """
 
+from agentrl.config.cluster import ClusterConfig
 from agentrl.config.health import HealthConfig
 from agentrl.config.loader import RunConfig
 from agentrl.config.sections import (
@@ -25,6 +26,7 @@ from agentrl.config.sections import (
 )
 
 __all__ = [
+    "ClusterConfig",
     "CorrectionMode",
     "EnvConfig",
     "EvalConfig",

@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from agentrl.config.cluster import ClusterConfig
 from agentrl.config.health import HealthConfig
 from agentrl.config.sections import (
     EnvConfig,
@@ -68,6 +69,8 @@ class RunConfig:
     """Progress, trackers, trace, plots."""
     health: HealthConfig = dataclasses.field(default_factory=HealthConfig)
     """Run-health warnings while training (docs/guides/health.md)."""
+    cluster: ClusterConfig = dataclasses.field(default_factory=ClusterConfig)
+    """Where the pieces run: this machine, or a Ray cluster (docs/guides/ray.md)."""
 
     # ---- loading ---------------------------------------------------------------
     @classmethod

@@ -17,7 +17,7 @@ import textwrap
 import typing
 from typing import Any
 
-from agentrl.config import health, sections
+from agentrl.config import cluster, health, sections
 from agentrl.config.loader import RunConfig, _toml_value
 
 
@@ -25,7 +25,7 @@ from agentrl.config.loader import RunConfig, _toml_value
 def field_docs() -> dict[tuple[str, str], str]:
     """``(class name, field name) -> doc`` for every documented field of the tree."""
     docs: dict[tuple[str, str], str] = {}
-    for module in (sections, health, inspect.getmodule(RunConfig)):
+    for module in (sections, health, cluster, inspect.getmodule(RunConfig)):
         tree = ast.parse(inspect.getsource(module))  # type: ignore[arg-type]
         for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
             body = cls.body
