@@ -37,7 +37,6 @@ Weights
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import time
@@ -54,26 +53,20 @@ from agentrl.errors import (
 )
 from agentrl.inference.base import Generation, InferenceConfig, SamplingConfig
 from agentrl.inference.server import VLLMServer, VLLMServerClient
+from agentrl.serving import Member, ServerSet
 from agentrl.types import RequestId
 
 logger = logging.getLogger(__name__)
 
-_FIRST_BACKOFF_S, _MAX_BACKOFF_S = 0.5, 8.0
-_HEALTH_FAILURES_TO_DOWN = 3
 _AFFINITY_SIZE = 65536
 
 
-@dataclasses.dataclass(eq=False)
-class _Member:
-    url: str
+@dataclasses.dataclass(eq=False, kw_only=True)
+class _Member(Member):
+    """A vLLM server in the pool: its client (and its process, if agentrl started it)."""
+
     client: VLLMServerClient
     server: VLLMServer | None = None
-    up: bool = True
-    load: int = 0
-    failed_checks: int = 0
-    backoff_s: float = _FIRST_BACKOFF_S
-    next_try: float = 0.0
-    reason: str = ""
     recovering: asyncio.Task[None] | None = None
     gave_up: bool = False
 
@@ -93,6 +86,14 @@ class PoolEvent:
     detail: str = ""
     routed: int = 0
     """How many requests the pool had routed when it happened (an index into routes)."""
+
+
+def _health_crashed(error: BaseException) -> EngineError:
+    return EngineError(
+        f"the server pool's health checks crashed ({type(error).__name__}: {error}; "
+        "the traceback is in the log), so no server is watched or brought back. The "
+        "episode store is intact: `agentrl train --resume RUN_DIR` continues the run"
+    )
 
 
 class _PoolRequests:
@@ -152,8 +153,16 @@ class ServerPool:
             )
         managed = dict(managed or {})
         self.members = [
-            _Member(u.rstrip("/"), VLLMServerClient(u, self.config), managed.get(u)) for u in urls
+            _Member(u.rstrip("/"), client=VLLMServerClient(u, self.config), server=managed.get(u))
+            for u in urls
         ]
+        self._servers = ServerSet(
+            self.members,
+            owner="the server pool's health checks",
+            error=_health_crashed,
+            health_interval_s=health_interval_s,
+            reconnect_timeout_s=reconnect_timeout_s,
+        )
         self.health_interval_s = health_interval_s
         self.reconnect_timeout_s = reconnect_timeout_s
         self.max_restarts = max_restarts
@@ -168,10 +177,8 @@ class ServerPool:
         self._requests = _PoolRequests()
         self._aborted: set[str] = set()
         self._affinity: OrderedDict[str, _Member] = OrderedDict()
-        self._changed = asyncio.Event()  # replaced by a fresh one on every change
         self._update_lock = asyncio.Lock()
         self._health: asyncio.Task[None] | None = None
-        self._health_error: BaseException | None = None  # what crashed the health checks
         self._closed = False
 
     async def __aenter__(self) -> ServerPool:
@@ -287,17 +294,11 @@ class ServerPool:
         if self._closed:
             return
         self._closed = True
-        tasks = [t for t in [self._health, *(m.recovering for m in self.members)] if t]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            # A crash is kept by _watch and raised below; cancelling is what we asked for.
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-            self._watch(task)
-        for m in self.members:
-            await m.client.close()
-        self._raise_if_health_failed()
+        try:
+            await self._servers.close()  # the health loop and the recoveries
+        finally:
+            for m in self.members:
+                await m.client.close()
 
     # -- state ------------------------------------------------------------------------------
 
@@ -314,18 +315,14 @@ class ServerPool:
 
     def _notify(self) -> None:
         """Wake every request waiting for a server (they look at the pool again)."""
-        changed, self._changed = self._changed, asyncio.Event()
-        changed.set()
+        self._servers.notify()
 
     def _event(self, m: _Member, event: str, detail: str = "") -> None:
         self.events.append(PoolEvent(time.time(), m.url, event, detail, self._routed))
 
     def _down(self, m: _Member, reason: str) -> None:
-        if not m.up:
+        if not m.take_down(reason):
             return
-        m.up, m.reason, m.failed_checks = False, reason, 0
-        m.backoff_s = _FIRST_BACKOFF_S
-        m.next_try = time.monotonic() + m.backoff_s
         others = len(self._ready())
         logger.warning(
             "inference server %s is down (%s); %s", m.url, reason,
@@ -336,37 +333,30 @@ class ServerPool:
 
     async def _pick(self, key: str, request_id: str) -> _Member | None:
         """The server for this episode's next request; waits while none is ready."""
-        deadline: float | None = None
-        while True:
-            if request_id in self._aborted:
-                return None
-            self._raise_if_health_failed()  # nobody would bring a server back
-            ready = self._ready()
-            if ready:
-                member = self._affinity.get(key)
-                if member is None or member not in ready:
-                    member = min(ready, key=lambda m: m.load)
-                    self._affinity[key] = member
-                    if len(self._affinity) > _AFFINITY_SIZE:
-                        self._affinity.popitem(last=False)
-                else:
-                    self._affinity.move_to_end(key)
-                return member
-            now = time.monotonic()
-            if deadline is None:
-                deadline = now + self.reconnect_timeout_s
-            if now >= deadline:
-                raise EngineError(
-                    f"no inference server answered for {self.reconnect_timeout_s:.0f} s "
-                    f"(inference.reconnect_timeout_s): "
-                    + "; ".join(f"{m.url}: {m.reason or 'catching up'}" for m in self.members)
-                    + ". The episode store is intact: start the servers again, then "
-                    "`agentrl train --resume RUN_DIR` continues where this run stopped"
-                )
-            changed = self._changed
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(min(1.0, deadline - now)):
-                    await changed.wait()
+        member = await self._servers.wait_for_one(
+            lambda m: m.version == self._version,
+            self._unavailable,
+            prefer=self._affinity.get(key),
+            stop=lambda: request_id in self._aborted,
+        )
+        if member is None:
+            return None
+        if self._affinity.get(key) is member:
+            self._affinity.move_to_end(key)
+        else:
+            self._affinity[key] = member
+            if len(self._affinity) > _AFFINITY_SIZE:
+                self._affinity.popitem(last=False)
+        return member
+
+    def _unavailable(self) -> EngineError:
+        return EngineError(
+            f"no inference server answered for {self.reconnect_timeout_s:.0f} s "
+            f"(inference.reconnect_timeout_s): "
+            + "; ".join(f"{m.url}: {m.reason or 'catching up'}" for m in self.members)
+            + ". The episode store is intact: start the servers again, then "
+            "`agentrl train --resume RUN_DIR` continues where this run stopped"
+        )
 
     async def _update(self, kind: str, path: str, version: int | None, keep: bool) -> int:
         self._raise_if_health_failed()
@@ -404,32 +394,12 @@ class ServerPool:
 
     def _start_health(self) -> None:
         if self._health is None and not self._closed:
-            self._health = asyncio.create_task(self._health_loop(), name="server-pool-health")
-            self._health.add_done_callback(self._watch)
-
-    def _watch(self, task: asyncio.Task[None]) -> None:
-        """Keep the first crash of the health loop or of a recovery; wake the waiters."""
-        if not task.done() or task.cancelled() or task.exception() is None:
-            return
-        if self._health_error is None:
-            self._health_error = task.exception()
-            logger.error("the server pool's %s crashed; no server is watched any more",
-                         task.get_name(), exc_info=self._health_error)  # fmt: skip
-            self._notify()
+            self._health = self._servers.start_health(
+                lambda m: self._check(m), name="server-pool-health", check_first=True
+            )
 
     def _raise_if_health_failed(self) -> None:
-        error = self._health_error
-        if error is not None:
-            raise EngineError(
-                f"the server pool's health checks crashed ({type(error).__name__}: {error}; "
-                "the traceback is in the log), so no server is watched or brought back. The "
-                "episode store is intact: `agentrl train --resume RUN_DIR` continues the run"
-            ) from error
-
-    async def _health_loop(self) -> None:
-        while True:
-            await asyncio.gather(*(self._check(m) for m in self.members))
-            await asyncio.sleep(self.health_interval_s)
+        self._servers.check()
 
     async def _check(self, m: _Member) -> None:
         if m.up:
@@ -437,15 +407,12 @@ class ServerPool:
                 self._down(m, f"its process exited with code {m.server.process.returncode}")
             elif await m.client.healthy(timeout_s=5.0):
                 m.failed_checks = 0
-            else:
-                m.failed_checks += 1
-                if m.failed_checks >= _HEALTH_FAILURES_TO_DOWN:
-                    self._down(m, f"/health failed {m.failed_checks} times in a row")
+            elif m.check_failed():
+                self._down(m, f"/health failed {m.failed_checks} times in a row")
             return
         busy = m.recovering is not None and not m.recovering.done()
-        if not busy and not m.gave_up and time.monotonic() >= m.next_try:
-            m.recovering = asyncio.create_task(self._recover(m), name=f"recover {m.url}")
-            m.recovering.add_done_callback(self._watch)
+        if not busy and not m.gave_up and m.due:
+            m.recovering = self._servers.background.start(self._recover(m), name=f"recover {m.url}")
 
     async def _recover(self, m: _Member) -> None:
         """Bring a down server back: restart it if it is ours and dead, then catch it up."""
@@ -474,16 +441,13 @@ class ServerPool:
                     await fresh.close()
                     raise
                 old, m.client = m.client, fresh  # at self._version now
-                m.up, m.reason, m.failed_checks = True, "", 0
-                m.backoff_s = _FIRST_BACKOFF_S
+                m.bring_up()
             await old.close()
             self._event(m, "up", f"version {m.version}")
             logger.warning("inference server %s is back, at version %d", m.url, m.version)
             self._notify()
         except (InfraError, OSError) as e:
-            m.reason = f"down; the last try to bring it back failed: {e}"[:500]
-            m.backoff_s = min(m.backoff_s * 2, _MAX_BACKOFF_S)
-            m.next_try = time.monotonic() + m.backoff_s
+            m.retry_later(f"down; the last try to bring it back failed: {e}"[:500])
 
 
 __all__ = ["PoolEvent", "ServerPool"]

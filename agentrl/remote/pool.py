@@ -38,9 +38,7 @@ The remote env itself (one session, its calls, its failures) is
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
-import itertools
 import logging
 import time
 from collections.abc import Sequence
@@ -48,14 +46,11 @@ from typing import Any
 
 import aiohttp
 
-from agentrl.background import BackgroundTasks
 from agentrl.config import EnvConfig
 from agentrl.errors import ConfigError, EnvServersUnavailable, InfraError, RemoteEnvError
 from agentrl.remote import protocol as P
 from agentrl.remote.client import RemoteEnv
 from agentrl.remote.servers import (
-    FIRST_BACKOFF_S,
-    MAX_BACKOFF_S,
     MAX_MESSAGE_BYTES,
     PROBE_TIMEOUT_S,
     Member,
@@ -63,10 +58,9 @@ from agentrl.remote.servers import (
     describe_error,
     http_url,
 )
+from agentrl.serving import ServerSet
 
 logger = logging.getLogger(__name__)
-
-_HEALTH_FAILURES_TO_DOWN = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,14 +116,16 @@ class EnvServerPool:
         self.events: list[EnvServerEvent] = []
         self.sessions_lost = 0
         """Sessions that failed with their server (each fails one episode attempt)."""
-        self._turn = itertools.count()
+        self._servers = ServerSet(
+            self.members,
+            owner="the env server pool's health checks",
+            error=_health_crashed,
+            health_interval_s=health_interval_s,
+            reconnect_timeout_s=reconnect_timeout_s,
+            rotate_ties=True,
+        )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._http: aiohttp.ClientSession | None = None
-        self._background = BackgroundTasks(
-            "the env server pool's health checks", error=_health_crashed,
-            on_failure=lambda _: self._notify(),
-        )  # fmt: skip
-        self._changed = asyncio.Event()
         self._closed = False
 
     @classmethod
@@ -155,10 +151,12 @@ class EnvServerPool:
         if self._loop is not None:
             return
         self._loop = asyncio.get_running_loop()
-        self._changed = asyncio.Event()
+        self._servers.bind(self._loop)
         self._http = client_session()
-        await asyncio.gather(*(self._check(m) for m in self.members))
-        self._background.start(self._health_loop(), name="env-server-health")
+        await self._servers.check_all(lambda m: self._check(m))
+        self._servers.start_health(
+            lambda m: self._check(m), name="env-server-health", check_first=False
+        )
 
     async def close(self) -> None:
         """Stop the health checks and the HTTP client (sessions close with their envs).
@@ -170,7 +168,7 @@ class EnvServerPool:
             return
         self._closed = True
         try:
-            await self._background.close()
+            await self._servers.close()
         finally:
             if self._http is not None:
                 await self._http.close()
@@ -221,46 +219,36 @@ class EnvServerPool:
                 await self.start()
             http = self._http
         assert http is not None
-        deadline: float | None = None
         while True:
-            self._background.check()
-            ready = [m for m in self.members
-                     if m.up and (m.capacity is None or m.load < m.capacity)]  # fmt: skip
-            if ready:
-                turn = next(self._turn)
-                member = min(ready, key=lambda m: (m.load, (self.members.index(m) - turn)
-                                                   % len(self.members)))  # fmt: skip
-                member.load += 1
-                try:
-                    ws = await self._connect(http, member)
-                except asyncio.CancelledError:
-                    self.release(member)
-                    raise
-                except (aiohttp.ClientError, OSError, TimeoutError) as e:
-                    self.release(member)
-                    self.down(member, f"cannot open a session: {describe_error(e)}")
-                    continue
-                member.sessions += 1
-                return member, ws
-            if not wait:
+            member = await self._servers.wait_for_one(
+                lambda m: m.capacity is None or m.load < m.capacity,
+                self._unavailable,
+                full=lambda m: True,  # an up server that is not ready is full: no deadline
+                wait=wait,
+            )
+            if member is None:
                 raise RemoteEnvError("env_unavailable", "no env server is up: " + self.reasons())
-            now = time.monotonic()
-            if any(m.up for m in self.members):  # all full: wait for a session to close
-                deadline = None
-            else:
-                deadline = deadline or now + self.reconnect_timeout_s
-                if now >= deadline:
-                    raise EnvServersUnavailable(
-                        f"no env server answered for {self.reconnect_timeout_s:g} s "
-                        f"(env.reconnect_timeout_s): {self.reasons()}. The episode store is "
-                        "intact: start the env servers again (agentrl serve-env "
-                        f"{self.env_id or 'ENV_ID'} --port PORT), then `agentrl train --resume "
-                        "RUN_DIR` continues where this run stopped"
-                    )
-            changed = self._changed
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(1.0 if deadline is None else min(1.0, deadline - now)):
-                    await changed.wait()
+            member.load += 1
+            try:
+                ws = await self._connect(http, member)
+            except asyncio.CancelledError:
+                self.release(member)
+                raise
+            except (aiohttp.ClientError, OSError, TimeoutError) as e:
+                self.release(member)
+                self.down(member, f"cannot open a session: {describe_error(e)}")
+                continue
+            member.sessions += 1
+            return member, ws
+
+    def _unavailable(self) -> EnvServersUnavailable:
+        return EnvServersUnavailable(
+            f"no env server answered for {self.reconnect_timeout_s:g} s "
+            f"(env.reconnect_timeout_s): {self.reasons()}. The episode store is "
+            "intact: start the env servers again (agentrl serve-env "
+            f"{self.env_id or 'ENV_ID'} --port PORT), then `agentrl train --resume "
+            "RUN_DIR` continues where this run stopped"
+        )
 
     async def _connect(self, http: aiohttp.ClientSession,
                        member: Member) -> aiohttp.ClientWebSocketResponse:  # fmt: skip
@@ -281,11 +269,8 @@ class EnvServerPool:
 
     def down(self, member: Member, reason: str) -> None:
         """Take ``member`` out of the rotation until its ``/health`` answers."""
-        if not member.up:
+        if not member.take_down(reason):
             return
-        member.up, member.reason, member.failed_checks = False, reason, 0
-        member.backoff_s = FIRST_BACKOFF_S
-        member.next_try = time.monotonic() + member.backoff_s
         others = sum(m.up for m in self.members)
         logger.warning(
             "env server %s is down (%s); %s", member.url, reason,
@@ -308,41 +293,23 @@ class EnvServerPool:
         return "; ".join(f"{m.url}: {m.reason or 'full'}" for m in self.members)
 
     def _notify(self) -> None:
-        loop = self._loop
-        if loop is None or loop.is_closed():
-            return
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is loop:
-            changed, self._changed = self._changed, asyncio.Event()
-            changed.set()
-        else:  # a remote env used from another thread
-            loop.call_soon_threadsafe(self._notify)
+        self._servers.notify()
 
     # -- health -----------------------------------------------------------------------------
-
-    async def _health_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.health_interval_s)
-            await asyncio.gather(*(self._check(m) for m in self.members))
 
     async def _check(self, m: Member) -> None:
         assert self._http is not None
         if m.up and m.known:
             if await self._healthy(m, self._http):
                 m.failed_checks = 0
-            else:
-                m.failed_checks += 1
-                if m.failed_checks >= _HEALTH_FAILURES_TO_DOWN:
-                    self.down(m, f"/health failed {m.failed_checks} times in a row")
+            elif m.check_failed():
+                self.down(m, f"/health failed {m.failed_checks} times in a row")
             return
-        if m.up or time.monotonic() >= m.next_try:
+        if m.up or m.due:
             problem = await self._learn(m, self._http)
             if problem is None:
                 was_down = not m.up
-                m.up, m.reason, m.failed_checks, m.backoff_s = True, "", 0, FIRST_BACKOFF_S
+                m.bring_up()
                 if was_down:
                     logger.warning("env server %s is back", m.url)
                     self.events.append(EnvServerEvent(time.time(), m.url, "up"))
@@ -351,9 +318,7 @@ class EnvServerPool:
             if m.up:
                 self.down(m, problem)
             else:
-                m.reason = problem
-                m.backoff_s = min(m.backoff_s * 2, MAX_BACKOFF_S)
-                m.next_try = time.monotonic() + m.backoff_s
+                m.retry_later(problem)
 
     async def _healthy(self, m: Member, http: aiohttp.ClientSession,
                        timeout_s: float = PROBE_TIMEOUT_S) -> bool:  # fmt: skip

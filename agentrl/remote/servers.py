@@ -23,11 +23,10 @@ import aiohttp
 from agentrl.config import EnvConfig
 from agentrl.errors import ConfigError
 from agentrl.remote import protocol as P
+from agentrl.serving import Member as ServerMember
 
 logger = logging.getLogger(__name__)
 
-FIRST_BACKOFF_S, MAX_BACKOFF_S = 0.5, 8.0
-"""The delay between checks of a server that is down: doubling from the first to the most."""
 PROBE_TIMEOUT_S = 5.0
 MAX_MESSAGE_BYTES = 100 * 2**20
 
@@ -43,13 +42,10 @@ def http_url(url: str) -> str:
 
 
 @dataclasses.dataclass(eq=False)
-class Member:
-    """One env server of a pool: whether it is up, its load, what it serves."""
+class Member(ServerMember):
+    """One env server of a pool: its state (up, load: sessions open and being opened,
+    backoff) and what it serves."""
 
-    url: str
-    up: bool = True
-    load: int = 0
-    """Sessions open on it now (and sessions being opened)."""
     capacity: int | None = None
     """Its session limit: from ``GET /agentrl``, or learnt from a refusal; None: unknown."""
     agentrl: bool = False
@@ -60,10 +56,6 @@ class Member:
     """Its envs may have MCP tools (False once it said it has no MCP)."""
     known: bool = False
     """Its routes have been read (the first time it answered)."""
-    failed_checks: int = 0
-    backoff_s: float = FIRST_BACKOFF_S
-    next_try: float = 0.0
-    reason: str = ""
     sessions: int = 0
     lost: int = 0
     """Sessions that failed with it (it died, hung, dropped them)."""
