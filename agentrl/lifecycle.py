@@ -252,6 +252,7 @@ class _StopState:
         """Kill what this process started and exit now (the store stays consistent)."""
         sys.stderr.write(f"agentrl: {why} ended the clean stop; stopping at once\n")
         if self.on_hard_stop is not None:
+            # the process is killed next: a failing hook must not keep it from stopping
             with contextlib.suppress(Exception):
                 self.on_hard_stop(why)
         sys.stderr.flush()

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from agentrl.background import BackgroundTasks
+
 
 class Metrics:
     """Counters (monotonic), gauges (last value) and samples (for percentiles)."""
@@ -64,7 +66,7 @@ class LoopLagMonitor:
         self.metrics = metrics
         self.interval_s = interval_s
         self.name = name
-        self._task: asyncio.Task[None] | None = None
+        self._tasks = BackgroundTasks("the event-loop lag monitor")
 
     async def _run(self) -> None:
         while True:
@@ -74,17 +76,12 @@ class LoopLagMonitor:
             self.metrics.observe(self.name, max(0.0, lag))
 
     def start(self) -> LoopLagMonitor:
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="loop-lag")
+        self._tasks.start(self._run(), name="loop-lag")
         return self
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        """Stop measuring (a cancellation of the caller goes on: it is not swallowed)."""
+        await self._tasks.close()
 
     async def __aenter__(self) -> LoopLagMonitor:
         return self.start()

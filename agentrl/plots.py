@@ -9,11 +9,14 @@ agentrl plot RUN_DIR        # also written at the end of every `agentrl train`
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from agentrl.monitor import read_metrics
+
+logger = logging.getLogger(__name__)
 
 
 def eval_series(evals: Sequence[Mapping[str, Any]]) -> dict[str, list[tuple[int, float]]]:
@@ -26,6 +29,16 @@ def eval_series(evals: Sequence[Mapping[str, Any]]) -> dict[str, list[tuple[int,
             if key.startswith("pass@") and key != "pass@1":
                 curves.setdefault(key, []).append((int(ev["step"]), float(value)))
     return curves
+
+
+def write_plots_at_end(run_dir: str | Path) -> list[Path]:
+    """:func:`write_plots` as the end of a run calls it: a failure (matplotlib missing or
+    broken, a full disk) is logged, not raised, since the run's data is written already."""
+    try:
+        return write_plots(run_dir)
+    except Exception:
+        logger.warning("the plots of %s were not written", run_dir, exc_info=True)
+        return []
 
 
 def write_plots(run_dir: str | Path) -> list[Path]:

@@ -482,10 +482,9 @@ def _close(out: _RunOutput, store: EpisodeStore) -> None:
     out.log.close()
     store.close()
     if out.config.log.plots:
-        with contextlib.suppress(Exception):
-            from agentrl.plots import write_plots
+        from agentrl.plots import write_plots_at_end
 
-            write_plots(out.run_dir)
+        write_plots_at_end(out.run_dir)
 
 
 _DISK_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM}

@@ -126,7 +126,7 @@ def _quiet_teardown() -> None:
     if not _TEARDOWN["quiet"]:
         return
     for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe, a closed stream
             stream.flush()
     with contextlib.suppress(OSError):
         os.dup2(os.open(os.devnull, os.O_WRONLY), 2)

@@ -37,7 +37,8 @@ def _view(args: argparse.Namespace, extra: list[str]) -> int:
         if not args.no_browser:
             import webbrowser
 
-            with contextlib.suppress(Exception):  # no browser here: the URL is printed
+            # no browser here (or a broken one): the URL is printed above, that is enough
+            with contextlib.suppress(Exception):
                 webbrowser.open(url)
 
     with contextlib.suppress(KeyboardInterrupt):

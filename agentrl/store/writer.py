@@ -10,19 +10,88 @@ owner. The rows themselves are written by :class:`~agentrl.store.EpisodeStore`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from agentrl import faults
+from agentrl.background import BackgroundTasks
 from agentrl.store.episodes import EpisodeStore
 from agentrl.store.schema import PartialRow
 from agentrl.types import Group, PartialEpisode, Task, Trajectory
 
 logger = logging.getLogger(__name__)
 
-Op = tuple[str, Any]  # (kind, payload); the kinds are the submit methods' names
+_op = dataclasses.dataclass(frozen=True, slots=True)
+
+
+@_op
+class AddTask:
+    """A task to run ``group_size`` times (:meth:`StoreWriter.task`)."""
+
+    task: Task
+    group_size: int
+
+
+@_op
+class Started:
+    """An episode's attempt began (:meth:`StoreWriter.started`)."""
+
+    episode_id: str
+    task: Task
+    attempt: int
+    version: int
+
+
+@_op
+class Checkpoint:
+    """An episode's state after a turn (:meth:`StoreWriter.partial`)."""
+
+    partial: PartialEpisode | PartialRow
+
+
+@_op
+class Ended:
+    """An episode's trajectories (:meth:`StoreWriter.episode`)."""
+
+    trajectories: list[Trajectory]
+    retried: bool
+
+
+@_op
+class Dropped:
+    """An episode's attempt failed for good (:meth:`StoreWriter.dropped`)."""
+
+    episode_id: str
+    attempt: int
+    reason: str
+
+
+@_op
+class GroupDone:
+    """A group complete, ready to train on (:meth:`StoreWriter.group`)."""
+
+    group: Group
+
+
+@_op
+class Version:
+    """A weight version published (:meth:`StoreWriter.version`)."""
+
+    version: int
+    kind: str
+    source: str
+    stats: dict[str, Any]
+
+
+@_op
+class Superseded:
+    """A pending checkpoint that an end or drop of its episode made moot: nothing to write."""
+
+
+Op = AddTask | Started | Checkpoint | Ended | Dropped | GroupDone | Version | Superseded
 
 
 class StoreWriter:
@@ -53,7 +122,8 @@ class StoreWriter:
         self._ops: list[Op] = []
         self._partial_at: dict[str, int] = {}  # episode id -> index of its pending checkpoint
         self._writing = 0  # _ops[:_writing] are in the transaction being committed
-        self._failure: BaseException | None = None  # a background write's, for the owner
+        # the background commits; their failure (kept as is) is raised at every later call
+        self._background = BackgroundTasks("the store writer")
         self._flush_lock: asyncio.Lock | None = None
         self._task: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None
@@ -61,15 +131,18 @@ class StoreWriter:
     async def __aenter__(self) -> StoreWriter:
         self._flush_lock = asyncio.Lock()
         self._wake = asyncio.Event()
-        self._task = asyncio.create_task(self._run(), name="store-writer")
+        self._task = self._background.start(self._run(), name="store-writer")
         return self
 
     async def __aexit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.wait([self._task])  # unlike `await`, never swallows our own cancel
-            self._task = None
-        if self._failure is not None and _carries(exc, self._failure):
+        self._task = None
+        try:
+            await self._background.close()  # a cancellation of ours propagates from here
+        except Exception as e:
+            if e is not self._background.failure:
+                raise
+        failure = self._background.failure
+        if failure is not None and _carries(exc, failure):
             return  # the background failure is already on its way out
         await self.flush()
 
@@ -81,24 +154,24 @@ class StoreWriter:
     # -- submitting ------------------------------------------------------------------------
 
     def task(self, task: Task, group_size: int) -> None:
-        self._submit("task", (task, group_size))
+        self._submit(AddTask(task, group_size))
 
     def started(self, episode_id: str, task: Task, attempt: int, version: int) -> None:
-        self._submit("started", (episode_id, task, attempt, version))
+        self._submit(Started(episode_id, task, attempt, version))
 
     def partial(self, partial: PartialEpisode | PartialRow) -> None:
         self._raise_failure()
         at = self._partial_at.get(partial.episode_id)
         if at is None or at < self._writing:  # none pending, or it is being committed now
             at = self._partial_at[partial.episode_id] = len(self._ops)
-        self._put(at, ("partial", partial))
+        self._put(at, Checkpoint(partial))
 
     def episode(self, trajectories: Sequence[Trajectory], *, retried: bool = False) -> None:
-        self._submit("episode", (list(trajectories), retried))
+        self._submit(Ended(list(trajectories), retried))
         self._supersede(trajectories[0].episode_id)
 
     def dropped(self, episode_id: str, attempt: int, reason: str) -> None:
-        self._submit("dropped", (episode_id, attempt, reason))
+        self._submit(Dropped(episode_id, attempt, reason))
         self._supersede(episode_id)
 
     def _supersede(self, episode_id: str) -> None:
@@ -107,17 +180,17 @@ class StoreWriter:
         committed now is left alone."""
         at = self._partial_at.pop(episode_id, None)
         if at is not None and at >= self._writing:
-            self._ops[at] = ("superseded", None)
+            self._ops[at] = Superseded()
 
     def group(self, group: Group) -> None:
-        self._submit("group", group)
+        self._submit(GroupDone(group))
 
     def version(self, version: int, kind: str, source: str, stats: dict[str, Any]) -> None:
-        self._submit("version", (version, kind, source, stats))
+        self._submit(Version(version, kind, source, stats))
 
-    def _submit(self, kind: str, payload: Any) -> None:
+    def _submit(self, op: Op) -> None:
         self._raise_failure()
-        self._put(len(self._ops), (kind, payload))
+        self._put(len(self._ops), op)
 
     def _put(self, at: int, op: Op) -> None:
         """Append ``op`` (``at`` is the end) or replace the pending op at ``at``."""
@@ -129,8 +202,7 @@ class StoreWriter:
             self._wake.set()
 
     def _raise_failure(self) -> None:
-        if self._failure is not None:
-            raise self._failure
+        self._background.check()
 
     # -- committing ------------------------------------------------------------------------
 
@@ -180,8 +252,7 @@ class StoreWriter:
         error = None if write.cancelled() else write.exception()
         if error is not None:
             logger.error("writing the episode store failed; the run stops: %s", error)
-            if self._failure is None:
-                self._failure = error
+            self._background.fail(error)
 
     def _apply(self, ops: list[Op]) -> None:
         """Write ``ops`` in one transaction, each kind's consecutive writes together.
@@ -198,7 +269,7 @@ class StoreWriter:
         checkpoint), and ``dropped`` and ``version`` writes stay where they were.
         """
         store = self.store
-        partials: list[Any] = []
+        partials: list[PartialEpisode | PartialRow] = []
         tasks: list[tuple[Task, int]] = []
         starts: list[tuple[str, Task, int, int]] = []
         ends: list[tuple[list[Trajectory], bool]] = []
@@ -222,48 +293,43 @@ class StoreWriter:
                     pending.clear()
 
         with store.batch():
-            for i, (kind, payload) in enumerate(ops):
+            for i, op in enumerate(ops):
                 if i == 1:
                     faults.point("store_write")
-                if kind == "superseded":  # a checkpoint an end made moot: nothing to write
-                    continue
-                if kind == "partial":
+                if isinstance(op, Checkpoint):
                     write_lifecycles()
-                    partials.append(payload)
+                    partials.append(op.partial)
+                    continue
+                if isinstance(op, Superseded):
                     continue
                 write_partials()
-                if kind == "task":
-                    tasks.append(payload)
-                elif kind == "started":
-                    starts.append(payload)
-                elif kind == "episode":
-                    ends.append(payload)
-                elif kind == "group":
-                    groups.append(payload)
-                else:
-                    write_lifecycles()
-                    if kind == "dropped":
-                        store.drop_episode(*payload)
-                    elif kind == "version":
-                        store.record_version(*payload)
+                match op:
+                    case AddTask():
+                        tasks.append((op.task, op.group_size))
+                    case Started():
+                        starts.append((op.episode_id, op.task, op.attempt, op.version))
+                    case Ended():
+                        ends.append((op.trajectories, op.retried))
+                    case GroupDone():
+                        groups.append(op.group)
+                    case Dropped():
+                        write_lifecycles()
+                        store.drop_episode(op.episode_id, op.attempt, op.reason)
+                    case Version():
+                        write_lifecycles()
+                        store.record_version(op.version, op.kind, op.source, op.stats)
             write_partials()
             write_lifecycles()
 
     async def _run(self) -> None:
+        """Commit what is pending, each ``interval_s`` after a submit. A failed commit
+        ends the task: :class:`BackgroundTasks` logs it and fails the writer with it."""
         assert self._wake is not None
         while True:
             await self._wake.wait()
             self._wake.clear()
             await asyncio.sleep(self.interval_s)
-            try:
-                await self.flush()
-            except Exception as e:
-                # Nobody awaits this task while the run goes on: hand the error to the
-                # writer's next caller rather than dying silently.
-                logger.error("writing the episode store failed; the run stops: %s", e)
-                if self._failure is None:
-                    self._failure = e
-                return
+            await self.flush()
 
 
 def _carries(exc: BaseException | None, error: BaseException) -> bool:

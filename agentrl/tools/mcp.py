@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import copy
 import logging
 import shlex
@@ -241,9 +240,8 @@ class _Connection:
         if self._loop is not asyncio.get_running_loop():
             return  # its loop ended, and the session with it
         closing.set()
-        with contextlib.suppress(Exception, asyncio.CancelledError):
-            async with asyncio.timeout(10):
-                await asyncio.shield(task)
+        # _hold ends on its own (it logs how); a cancellation of the closer goes on from here
+        await asyncio.wait([task], timeout=10)
         if not task.done():
             task.cancel()
 
