@@ -41,6 +41,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from agentrl.chat import as_messages
 from agentrl.env import load_env_plugins, make_env, supports_state
 from agentrl.errors import ConfigError
 from agentrl.sandbox import (
@@ -407,7 +408,7 @@ def _prefix_preserving(make: Callable[[], gym.Env[Any, Any]], tokenizer: Any) ->
     messages: list[dict[str, Any]] = []
     if getattr(inner, "system_prompt", None):
         messages.append({"role": "system", "content": inner.system_prompt})
-    messages += _as_messages(obs)
+    messages += as_messages(obs)
 
     def render() -> list[int]:
         return tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"]
@@ -425,14 +426,10 @@ def _prefix_preserving(make: Callable[[], gym.Env[Any, Any]], tokenizer: Any) ->
         obs, _, terminated, truncated, _ = env.step(action)
         if terminated or truncated:
             break
-        messages += _as_messages(obs)
+        messages += as_messages(obs)
     ids = render()
     if previous is not None and ids[: len(previous)] != previous:
         return (
             "the last turn changed the rendering of earlier turns; use a prefix-preserving template"
         )
     return None
-
-
-def _as_messages(obs: Any) -> list[dict[str, Any]]:
-    return obs if isinstance(obs, list) else [{"role": "user", "content": obs}]

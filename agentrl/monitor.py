@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.errors import ConfigError
+from agentrl.jsondata import jsonable
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ class MetricsLog:
         """One row of ``kind`` ("train": a step's row; "eval": an evaluation's, at the
         step it started after) to every sink; the numbers also as ``KIND/NAME`` scalars."""
         row = {"kind": kind, "time": time.time(), **values, "step": step}
-        self._file.write(json.dumps(row, default=_jsonable) + "\n")
+        self._file.write(json.dumps(jsonable(row)) + "\n")
         self._file.flush()
         scalars = {
             f"{kind}/{k}": float(v)
@@ -121,16 +122,10 @@ def read_metrics(run_dir: Path, kind: str | None = "train") -> list[dict[str, An
     return rows
 
 
-def _jsonable(value: Any) -> Any:
-    if hasattr(value, "item"):
-        return value.item()
-    return str(value)
-
-
 def write_status(run_dir: Path, status: dict[str, Any]) -> None:
     """Replace ``status.json`` atomically (readers never see half a file)."""
     tmp = run_dir / f".{STATUS_FILE}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(status, default=_jsonable))
+    tmp.write_text(json.dumps(jsonable(status)))
     os.replace(tmp, run_dir / STATUS_FILE)
 
 

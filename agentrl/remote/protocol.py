@@ -55,6 +55,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from agentrl.jsondata import jsonable
+
 PROTOCOL_VERSION = 1
 """The version of agentrl's extensions (``GET /agentrl`` reports it)."""
 
@@ -107,19 +109,7 @@ def text_observation(obs: Any, *, truncated: bool, info: Mapping[str, Any],
     else:
         raise TypeError(f"a {type(obs).__name__} ({obs!r:.120})")
     return {"text": text, "messages": messages, "truncated": truncated,
-            "info": jsonable(info), "env_state": env_state}  # fmt: skip
-
-
-def jsonable(info: Mapping[str, Any]) -> dict[str, Any]:
-    """``info`` as plain JSON data: values that are not JSON become their repr."""
-    out = {}
-    for key, value in info.items():
-        try:
-            json.dumps(value, allow_nan=False)
-        except (TypeError, ValueError):
-            value = repr(value)
-        out[str(key)] = value
-    return out
+            "info": jsonable(info, allow_nan=False), "env_state": env_state}  # fmt: skip
 
 
 def tool_spec(schema: Mapping[str, Any]) -> dict[str, Any]:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
@@ -34,6 +33,7 @@ from rich.table import Table
 from rich.text import Text
 
 from agentrl.errors import ConfigError
+from agentrl.jsondata import jsonable
 from agentrl.rollout.verify import VerifyResult, verify_log
 from agentrl.store import EpisodeStore
 from agentrl.store.pages import episode_pages
@@ -348,7 +348,9 @@ def records(recorded: Recorded) -> Iterator[dict[str, Any]]:
     (``kind: trajectory``, :meth:`Trajectory.to_json`) or its checkpoint (``kind:
     partial``, the arrays end to end, NaN logprobs as null)."""
     if recorded.partial is not None:
-        arrays = {k: _jsonable(v) for k, v in recorded.partial.concatenated().items()}
+        arrays = {
+            k: jsonable(v, allow_nan=False) for k, v in recorded.partial.concatenated().items()
+        }
         yield {"kind": "partial", **recorded.partial.meta(), **arrays}
         return
     for t in recorded.trajectories:
@@ -367,7 +369,3 @@ def open_for_writing(path: Path, flag: str = "--out") -> TextIO:
             f"{flag} {str(path)!r}: cannot write there ({e.strerror or e}); "
             "choose another output path"
         ) from e
-
-
-def _jsonable(array: Any) -> list[Any]:
-    return [None if isinstance(x, float) and math.isnan(x) else x for x in array.tolist()]

@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -328,19 +327,6 @@ async def checked_step(
     obs, reward, terminated, truncated, info = await handle.step(text)
     _check_observation(obs, env_id, "step()")
     return obs, float(reward), bool(terminated), bool(truncated), dict(info or {})
-
-
-def jsonable(info: dict[str, Any]) -> dict[str, Any]:
-    """Keep the env's info only as far as it is plain JSON data."""
-
-    out = {}
-    for key, value in info.items():
-        try:
-            json.dumps(value)
-        except (TypeError, ValueError):
-            value = repr(value)
-        out[str(key)] = value
-    return out
 
 
 def sampled_tokens(ep: EpisodeState) -> int:

@@ -13,7 +13,8 @@ import dataclasses
 from typing import Any
 
 from agentrl.chat import Conversation
-from agentrl.rollout.envside import current_state, jsonable
+from agentrl.jsondata import jsonable
+from agentrl.rollout.envside import current_state
 from agentrl.rollout.episode import EpisodeState
 from agentrl.types import EpisodeStatus, FailureKind, PartialEpisode, Trajectory
 

@@ -43,6 +43,7 @@ import numpy as np
 import torch
 
 from agentrl.errors import ConfigError, RunDirError
+from agentrl.jsondata import jsonable
 from agentrl.trainer.tied import retied, untied
 from agentrl.trainer.trainer import Trainer
 
@@ -110,9 +111,9 @@ def _write_checkpoint(trainer: Trainer, root: Path, keep: int) -> Path:
         "version": trainer.version,
         "param_groups": opt["param_groups"],
         "optimizer_scalars": scalars,
-        "python_rng": _jsonable(random.getstate()),
+        "python_rng": jsonable(random.getstate()),
         "numpy_rng": [np_state[0], np_state[1].tolist(), *map(_plain, np_state[2:])],
-        "config": _jsonable(dataclasses.asdict(trainer.config)),
+        "config": jsonable(dataclasses.asdict(trainer.config)),
         "model_path": trainer.model_path,
         "written_at": time.time(),
     }
@@ -296,14 +297,6 @@ def save_model(trainer: Trainer, out: Path) -> None:
 
 def _plain(value: Any) -> Any:
     return value.item() if hasattr(value, "item") else value
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    return _plain(value)
 
 
 def _tuples(value: Any) -> Any:
