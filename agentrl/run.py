@@ -42,10 +42,10 @@ from typing import TYPE_CHECKING, Any
 from agentrl.config import RunConfig
 from agentrl.env import check_env_config, import_env_modules, load_env_plugins
 from agentrl.errors import ConfigError, InfraError, RunDirError
+from agentrl.evaluation import DURING, PeriodicEval, eval_line, evaluate
 from agentrl.metrics import LoopLagMonitor, Metrics, tune_gc
 from agentrl.monitor import MetricsLog, live_display, plain_line
-from agentrl.periodic_eval import DURING, PeriodicEval, evaluate
-from agentrl.status import Reporter, RunStatus, eval_line
+from agentrl.status import Reporter, RunStatus
 from agentrl.trace import Tracer
 
 if TYPE_CHECKING:
@@ -463,7 +463,7 @@ def _pending_tasks(cfg: RunConfig, store: EpisodeStore) -> Iterator[Task]:
 async def _evaluate(out: _RunOutput, client: InferenceClient, trainer: Trainer, label: str, *,
                     step: int | None = None, admission: asyncio.Event | None = None
                     ) -> dict[str, Any]:  # fmt: skip
-    """Run one evaluation (:func:`agentrl.periodic_eval.evaluate`) and record its row."""
+    """Run one evaluation (:func:`agentrl.evaluation.evaluate`) and record its row."""
     step = trainer.step if step is None else step
     summary = await evaluate(out.config, client, trainer.tokenizer, label, trainer.version,
                              step=step, tracer=out.tracer, status=out.status,

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from agentrl.config import EnvConfig, RunConfig
+from agentrl.evaluation import eval_line
 from agentrl.metrics import Metrics
-from agentrl.status import RunStatus, env_offers_tools, eval_line
+from agentrl.status import RunStatus, env_offers_tools
 
 SUMMARY = {"label": "after", "step": 4, "version": 4, "episodes": 16, "k": 1,
            "success_rate": 0.75, "tool_use_rate": 0.0, "reward_mean": 0.75}  # fmt: skip

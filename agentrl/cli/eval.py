@@ -3,7 +3,7 @@
 MODEL is 'tiny', a model folder, a hub name, or the run directory of ``agentrl train``
 (its final model, or ``--step S``'s checkpoint; its config is the base of the
 settings). The episodes run as an ``agentrl rollout`` of kind "eval" whose group size
-is k; :mod:`agentrl.rollout.evaluation` scores them.
+is k; :mod:`agentrl.evaluation` runs and scores them (this module is the command line).
 """
 
 from __future__ import annotations
@@ -22,15 +22,15 @@ from agentrl.lifecycle import Stopped, ensure_reaper, run_stoppable
 
 if TYPE_CHECKING:
     from agentrl.config import RunConfig
+    from agentrl.evaluation import EvalReport
     from agentrl.replay.policy import Policy
-    from agentrl.rollout.evaluation import EvalReport
     from agentrl.rollout.job import RolloutJob
 
 
 def _eval(args: argparse.Namespace, extra: list[str]) -> int:
     from agentrl.env import import_env_modules, load_env_plugins
     from agentrl.errors import ConfigError
-    from agentrl.rollout.evaluation import EVAL_KIND
+    from agentrl.evaluation import EVAL_KIND
     from agentrl.rollout.job import resumed_job
 
     ensure_reaper()
@@ -54,7 +54,7 @@ def _new_job(args: argparse.Namespace, extra: list[str]) -> RolloutJob:
     overrides and flags; the eval section's seeds, temperature and k applied."""
     from agentrl.config import RunConfig
     from agentrl.errors import ConfigError
-    from agentrl.rollout.evaluation import EVAL_KIND
+    from agentrl.evaluation import EVAL_KIND, check_k, eval_config
     from agentrl.rollout.job import RolloutJob
 
     run_dir = Path(args.model)
@@ -73,36 +73,13 @@ def _new_job(args: argparse.Namespace, extra: list[str]) -> RolloutJob:
     policy = _policy(run_dir, config, args.step) if is_run else None
     if args.step is not None and policy is None:
         raise ConfigError(f"--step needs a run directory of `agentrl train`; {args.model!r} is not")
-    _check_k(config)  # before _kept writes into OUT: a refused -k leaves OUT as it was
+    check_k(config)  # before _kept writes into OUT: a refused -k leaves OUT as it was
     out = Path(args.out or f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}")
     model = _kept(policy, out) if policy else args.model
-    config = _eval_config(config, model)
+    config = eval_config(config, model)
     return RolloutJob(config=config, episodes=config.eval.episodes * config.eval.k, out_dir=out,
                       kind=EVAL_KIND, adapter=policy.adapter if policy else None,
                       source=policy.label if policy else args.model)  # fmt: skip
-
-
-def _check_k(config: RunConfig) -> None:
-    from agentrl.errors import ConfigError
-
-    if config.eval.k > config.rollout.concurrency:
-        raise ConfigError(
-            f"-k {config.eval.k} (eval.k) must be at most --concurrency "
-            f"{config.rollout.concurrency} (rollout.concurrency): a task's k samples run at "
-            f"the same time"
-        )
-
-
-def _eval_config(config: RunConfig, model: str) -> RunConfig:
-    """The config the episodes run under: k samples a task (the group), the eval
-    temperature, held-out seeds from eval.first_seed, ``model`` sampling."""
-    ev = config.eval  # k was checked against the concurrency by _new_job (_check_k)
-    return dataclasses.replace(
-        config,
-        model=dataclasses.replace(config.model, path=model),
-        env=dataclasses.replace(config.env, first_seed=ev.first_seed),
-        rollout=dataclasses.replace(config.rollout, group_size=ev.k, temperature=ev.temperature),
-    )
 
 
 def _policy(run_dir: Path, config: RunConfig, step: int | None) -> Policy:
@@ -159,7 +136,7 @@ def _kept(policy: Policy, out: Path) -> str:
 
 def _stoppable(job: RolloutJob, *, resume: bool) -> int:
     """Run the evaluation; SIGTERM/SIGHUP stop it like Ctrl-C, with the resume command."""
-    from agentrl.rollout.evaluation import run_eval
+    from agentrl.evaluation import run_eval
 
     hint = f"continue with: agentrl eval --resume --out {job.out_dir}"
     try:

@@ -1,7 +1,7 @@
 """``agentrl rollout``: run an env against a model for N episodes, without training.
 
 For evaluation and data collection; ``agentrl eval`` is a job of kind "eval" (k samples a
-task as the group, scored by :mod:`agentrl.rollout.evaluation`). The run directory holds:
+task as the group, scored by :mod:`agentrl.evaluation`). The run directory holds:
 
 * ``episodes.db``: the episode store (the source of truth): every task, every episode
   with its state, checkpoints of unfinished episodes (see

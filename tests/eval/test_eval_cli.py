@@ -102,7 +102,7 @@ def test_the_report_names_tool_use_only_for_an_env_with_tools(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from agentrl.cli.eval import _print_report
-    from agentrl.rollout.evaluation import eval_report
+    from agentrl.evaluation import eval_report
     from tests.eval.test_pass_at_k import _episode
 
     monkeypatch.setenv("COLUMNS", "200")

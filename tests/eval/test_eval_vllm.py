@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.rollout.evaluation import pass_at_k
+from agentrl.evaluation import pass_at_k
 from agentrl.store import EpisodeStore
 from tests.faults.harness import AGENTRL, Proc, agentrl_env, audit
 

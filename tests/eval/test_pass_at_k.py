@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from agentrl.rollout.evaluation import eval_report, pass_at_k, reported_ks
+from agentrl.evaluation import eval_report, pass_at_k, reported_ks
 from agentrl.types import TokenSpan, Trajectory
 
 

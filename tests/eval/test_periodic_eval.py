@@ -11,9 +11,8 @@ import pytest
 
 from agentrl.config import RunConfig
 from agentrl.errors import ConfigError
-from agentrl.periodic_eval import PeriodicEval
+from agentrl.evaluation import PeriodicEval, eval_line, eval_summary
 from agentrl.plots import eval_series
-from agentrl.status import eval_line, eval_summary
 from tests.eval.test_pass_at_k import _episode
 
 pytestmark = pytest.mark.timeout(30)

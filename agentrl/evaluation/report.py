@@ -1,14 +1,8 @@
-"""``agentrl eval``: N held-out tasks × k samples, scored with pass@k and avg@k.
+"""The scores of an evaluation: N held-out tasks × k samples, pass@k and avg@k.
 
-An evaluation is a rollout (:mod:`agentrl.rollout.job`) whose group size is k: the
-same scheduler and runner as training, every episode recorded in the run directory's
-episode store (so ``agentrl replay`` and ``--resume`` work on it), nothing trained.
-This module owns the scores and the report; the rollout owns running the episodes.
-The report is computed from the store when the episodes have ended, so a resumed
-evaluation scores every episode once, whichever run sampled it.
-
-In: a finished eval run directory (or trajectories). Out: :class:`EvalReport`, also
-written as ``results.json``.
+This module owns the scores and the report (:class:`EvalReport`, written as
+``results.json`` by :mod:`agentrl.evaluation.runner`); running the episodes is the
+rollout's. In: trajectories (k samples of each task). Out: :class:`EvalReport`.
 
 pass@k is the unbiased estimator of Chen et al. 2021 ("Evaluating Large Language
 Models Trained on Code"): with n samples of a task of which c succeed,
@@ -19,15 +13,11 @@ rate over all k samples of a task, averaged over tasks.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import Any
 
-from agentrl.rollout.job import RolloutJob, run_rollout
-from agentrl.store import EpisodeStore
 from agentrl.types import Trajectory
 
 EVAL_KIND = "eval"
@@ -154,35 +144,6 @@ def eval_report(trajectories: Iterable[Trajectory], *, env_id: str, model: str, 
         tasks.append(score_task(task_id, ordered, k=k, success_reward=success_reward))
     tasks.sort(key=lambda t: (t.seed is None, t.seed, t.task_id))
     return EvalReport(env_id, model, k, success_reward, tasks)
-
-
-async def run_eval(job: RolloutJob, *, resume: bool = False) -> EvalReport:
-    """Run (or continue) the evaluation, then score it and write ``results.json``.
-
-    ``job.config.rollout.group_size`` is k; ``job.kind`` must be "eval".
-    """
-    import asyncio
-
-    if job.kind != EVAL_KIND:
-        raise ValueError(f"run_eval needs a job of kind {EVAL_KIND!r}, got {job.kind!r}")
-    await run_rollout(job, resume=resume)
-    return await asyncio.to_thread(write_report, job)
-
-
-def write_report(job: RolloutJob) -> EvalReport:
-    """Score the episodes in ``job.out_dir``'s store; write ``results.json`` there."""
-    cfg = job.config
-    with EpisodeStore.open(job.out_dir, create=False) as store:
-        report = eval_report(
-            store.all_trajectories(),
-            env_id=job.env_id,
-            model=job.source or cfg.model.path,
-            k=cfg.rollout.group_size,
-            success_reward=cfg.eval.success_reward,
-        )
-    path = Path(job.out_dir) / RESULTS_FILE
-    path.write_text(json.dumps(report.to_json(), indent=2) + "\n")
-    return report
 
 
 def _used_tools(segments: Sequence[Trajectory]) -> bool:

@@ -1,9 +1,10 @@
 """Held-out evaluation inside ``agentrl train``: before, every ``eval.every`` steps, after.
 
 * :func:`evaluate` runs ``eval.episodes`` held-out tasks × ``eval.k`` samples under
-  the engine's current weights and returns the row of :func:`agentrl.status.eval_summary`
-  (success rate, pass@j, avg@k, tool use, reward). ``agentrl.run`` calls it before and
-  after training, and :class:`PeriodicEval` calls it while training.
+  the engine's current weights and returns the row of
+  :func:`agentrl.evaluation.summary.eval_summary` (success rate, pass@j, avg@k, tool
+  use, reward). ``agentrl.run`` calls it before and after training, and
+  :class:`PeriodicEval` calls it while training.
 * :class:`PeriodicEval` starts one every ``eval.every`` optimizer steps as a task of
   its own task group, so the trainer never waits for it; at most one runs at a time.
 
@@ -30,8 +31,9 @@ from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from agentrl.evaluation.summary import eval_summary
 from agentrl.metrics import Metrics
-from agentrl.status import RunStatus, eval_summary
+from agentrl.status import RunStatus
 from agentrl.trace import EVAL, Tracer
 
 if TYPE_CHECKING:
