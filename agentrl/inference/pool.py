@@ -163,8 +163,6 @@ class ServerPool:
             health_interval_s=health_interval_s,
             reconnect_timeout_s=reconnect_timeout_s,
         )
-        self.health_interval_s = health_interval_s
-        self.reconnect_timeout_s = reconnect_timeout_s
         self.max_restarts = max_restarts
         self.events: list[PoolEvent] = []
         self.failovers = 0
@@ -196,6 +194,16 @@ class ServerPool:
         except EngineError:
             if exc[1] is None:
                 raise
+
+    @property
+    def health_interval_s(self) -> float:
+        """Seconds between two rounds of ``/health`` checks (the server set's)."""
+        return self._servers.health_interval_s
+
+    @property
+    def reconnect_timeout_s(self) -> float:
+        """How long new work waits while no server is up (the server set's)."""
+        return self._servers.reconnect_timeout_s
 
     # -- the InferenceClient protocol ------------------------------------------------------
 

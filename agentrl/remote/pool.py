@@ -111,8 +111,6 @@ class EnvServerPool:
             raise ConfigError(f"env.url and env.urls list a server twice: {list(urls)}")
         self.env_id = env_id
         self.request_timeout_s = request_timeout_s
-        self.reconnect_timeout_s = reconnect_timeout_s
-        self.health_interval_s = health_interval_s
         self.events: list[EnvServerEvent] = []
         self.sessions_lost = 0
         """Sessions that failed with their server (each fails one episode attempt)."""
@@ -191,6 +189,16 @@ class EnvServerPool:
         return [{"url": m.url, "up": m.up, "sessions": m.load, "capacity": m.capacity,
                  "opened": m.sessions, "lost": m.lost, "reason": m.reason}
                 for m in self.members]  # fmt: skip
+
+    @property
+    def health_interval_s(self) -> float:
+        """Seconds between two rounds of ``/health`` checks (the server set's)."""
+        return self._servers.health_interval_s
+
+    @property
+    def reconnect_timeout_s(self) -> float:
+        """How long new work waits while no server is up (the server set's)."""
+        return self._servers.reconnect_timeout_s
 
     @property
     def http(self) -> aiohttp.ClientSession | None:
