@@ -318,6 +318,8 @@ class StoreWriter:
                     case Version():
                         write_lifecycles()
                         store.record_version(op.version, op.kind, op.source, op.stats)
+                    case _:
+                        raise TypeError(f"not a store write: {op!r}")
             write_partials()
             write_lifecycles()
 
