@@ -32,6 +32,10 @@ Weights
     missed an update) gets the newest weights before it takes requests again, so
     every server in the rotation serves the pool's current version: the version a
     request is labelled with is the version of the weights that served it.
+
+The server states, the health loop, the least-loaded choice and the wait for a server
+are :class:`agentrl.serving.ServerSet`'s, shared with the env server pool; this module
+adds what is vLLM's: requests, episode affinity, restarts and weight catch-up.
 """
 
 from __future__ import annotations

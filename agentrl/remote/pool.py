@@ -31,7 +31,9 @@ Health
     with a doubling delay (0.5 s up to 8 s) and taken back when it answers (and, if it
     is an agentrl server, still serves ``env.id``).
 
-The remote env itself (one session, its calls, its failures) is
+The server states, the health loop, the least-loaded choice and the wait for a server
+are :class:`agentrl.serving.ServerSet`'s, shared with the inference pool. The remote
+env itself (one session, its calls, its failures) is
 :mod:`agentrl.remote.client`; the servers' state and addresses, :mod:`agentrl.remote.servers`.
 """
 
