@@ -83,6 +83,14 @@ class Member:
 M = TypeVar("M", bound=Member)
 
 
+@dataclasses.dataclass
+class Waiting:
+    """One caller's wait for a server, kept across its tries (a try may fail and wait
+    again): the reconnect deadline counts from when it first found no server up."""
+
+    deadline: float | None = None
+
+
 class ServerSet(Generic[M]):
     """The members of one pool, their health loop and the wait for a ready one.
 
@@ -180,6 +188,7 @@ class ServerSet(Generic[M]):
         stop: Callable[[], bool] = lambda: False,
         full: Callable[[M], bool] = lambda m: False,
         wait: bool = True,
+        waiting: Waiting | None = None,
     ) -> M | None:
         """A member ready for new work: ``prefer`` if it is ready, else the least loaded.
 
@@ -190,13 +199,14 @@ class ServerSet(Generic[M]):
 
         Returns:
             The member, or None once ``stop()`` says the caller gave up (an abort), or
-            at once when none is ready and ``wait`` is False.
+            at once when none is ready and ``wait`` is False. ``waiting``: the caller's
+            wait so far, when it calls again after a failed try (the deadline goes on).
 
         Raises:
             BaseException: the pool's error if the health loop crashed (at once, even
                 while waiting), or ``unavailable()``.
         """
-        deadline: float | None = None
+        waiting = waiting if waiting is not None else Waiting()
         while True:
             if stop():
                 return None
@@ -208,12 +218,13 @@ class ServerSet(Generic[M]):
                 return None
             now = time.monotonic()
             if any(m.up and full(m) for m in self.members):
-                deadline = None
+                waiting.deadline = None
             else:
-                deadline = deadline or now + self.reconnect_timeout_s
+                deadline = waiting.deadline = waiting.deadline or now + self.reconnect_timeout_s
                 if now >= deadline:
                     raise unavailable()
-            await self._wait_for_change(1.0 if deadline is None else min(1.0, deadline - now))
+            timeout_s = 1.0 if waiting.deadline is None else min(1.0, waiting.deadline - now)
+            await self._wait_for_change(timeout_s)
 
     async def _wait_for_change(self, timeout_s: float) -> None:
         changed = self._changed

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from agentrl.serving import FIRST_BACKOFF_S, MAX_BACKOFF_S, Member, ServerSet
+from agentrl.serving import FIRST_BACKOFF_S, MAX_BACKOFF_S, Member, ServerSet, Waiting
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -61,6 +61,12 @@ async def test_no_member_up_waits_then_raises_and_a_full_one_waits_without_deadl
         await servers.wait_for_one(lambda m: True, Unavailable)
     assert 0.25 < time.monotonic() - t0 < 2.0
     assert await servers.wait_for_one(lambda m: True, Unavailable, wait=False) is None
+    # a caller that tries again after a failed try keeps its deadline: no fresh wait
+    waiting = Waiting(deadline=time.monotonic())
+    t0 = time.monotonic()
+    with pytest.raises(Unavailable):
+        await servers.wait_for_one(lambda m: True, Unavailable, waiting=waiting)
+    assert time.monotonic() - t0 < 0.1
 
     full = Member("b", load=1)
     servers = _set([full])

@@ -60,7 +60,7 @@ from agentrl.remote.servers import (
     describe_error,
     http_url,
 )
-from agentrl.serving import ServerSet
+from agentrl.serving import ServerSet, Waiting
 
 logger = logging.getLogger(__name__)
 
@@ -229,12 +229,14 @@ class EnvServerPool:
                 await self.start()
             http = self._http
         assert http is not None
+        waiting = Waiting()  # across failed tries: the reconnect deadline goes on
         while True:
             member = await self._servers.wait_for_one(
                 lambda m: m.capacity is None or m.load < m.capacity,
                 self._unavailable,
                 full=lambda m: True,  # an up server that is not ready is full: no deadline
                 wait=wait,
+                waiting=waiting,
             )
             if member is None:
                 raise RemoteEnvError("env_unavailable", "no env server is up: " + self.reasons())
