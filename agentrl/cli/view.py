@@ -41,7 +41,7 @@ def _view(args: argparse.Namespace, extra: list[str]) -> int:
                 webbrowser.open(url)
 
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(data, args.host, args.port, token, ready))
+        asyncio.run(serve(data, args.host, args.port, token, ready, allow_fork=args.allow_fork))
     print("agentrl view: stopped", file=sys.stderr)
     return 0
 

@@ -18,6 +18,7 @@ model and the rollout settings, so ``agentrl replay --fork-at`` can continue ``t
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 from pathlib import Path
 from typing import Any
@@ -48,7 +49,9 @@ class Resumed:
 def build_resumed_run(root: Path, tokenizer: Any, model_path: str) -> Resumed:
     run = root / "resumed"
     task = Task("t0", ENV, 3)
-    whole, resumed, at = asyncio.run(_play(tokenizer, task))
+    # in a thread of its own: a test module's browser may already run a loop in this one
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        whole, resumed, at = pool.submit(asyncio.run, _play(tokenizer, task)).result()
     published, token, turn = _published_mid_turn(whole, turn=1)
     config = RunConfig.from_dict({"model": {"path": model_path}, "rollout": ROLLOUT})
     with EpisodeStore.open(run) as store:
