@@ -89,19 +89,30 @@ class Forks:
     def running(self) -> ForkJob | None:
         return next((j for j in self.jobs.values() if j.state == "running"), None)
 
-    def start(self, body: Mapping[str, Any]) -> ForkJob:
+    async def start(self, body: Mapping[str, Any]) -> ForkJob:
         """Check the request (``run``, ``id``, ``turn``, optional ``attempt``) and start it.
 
         Raises:
             ConfigError: the run, episode or turn is missing or malformed.
             ForkBusy: another fork is running.
         """
+        self._not_busy()
+        job, command = await asyncio.to_thread(self._checked, body)  # reads the store
+        self._not_busy()
+        job.job = len(self.jobs) + 1
+        self.jobs[job.job] = job
+        self.group.create_task(self._run(job, command), name=f"fork-{job.job}")
+        return job
+
+    def _not_busy(self) -> None:
         busy = self.running()
         if busy is not None:
             raise ForkBusy(
                 f"a fork is running already ({busy.episode} at turn {busy.turn}); "
                 "wait for it to end"
             )
+
+    def _checked(self, body: Mapping[str, Any]) -> tuple[ForkJob, list[str]]:
         run, episode = str(body.get("run") or ""), str(body.get("id") or "")
         turn, attempt = _whole(body, "turn"), _whole(body, "attempt", optional=True)
         if not run or not episode or turn is None:
@@ -110,11 +121,8 @@ class Forks:
         with runs.open_store(run_dir) as store:
             if not browse.attempts(store, episode):
                 raise ConfigError(f"no episode {episode!r} in run {run!r}")
-        job = ForkJob(len(self.jobs) + 1, run, episode, attempt, turn)
-        self.jobs[job.job] = job
-        command = fork_command(run_dir, episode, attempt, turn)
-        self.group.create_task(self._run(job, command), name=f"fork-{job.job}")
-        return job
+        job = ForkJob(0, run, episode, attempt, turn)
+        return job, fork_command(run_dir, episode, attempt, turn)
 
     def status(self, job: str) -> dict[str, Any]:
         if not job.isdigit() or int(job) not in self.jobs:

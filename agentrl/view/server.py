@@ -92,7 +92,7 @@ def _start_fork(forks: Forks | None) -> Handler:
         except ValueError:
             return web.json_response({"error": "send JSON {run, id, turn}"}, status=400)
         try:
-            job = await asyncio.to_thread(started.start, body)
+            job = await started.start(body)
         except ForkBusy as e:
             return web.json_response({"error": str(e)}, status=409)
         except ConfigError as e:

@@ -9,6 +9,8 @@ refusal is tested in test_page.py and test_server.py.
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ import pytest
 from agentrl.store import EpisodeStore
 from tests.view.conftest import Viewer
 from tests.view.resumed_runs import Resumed, build_resumed_run
+from tests.view.test_server import base, get, post
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +42,38 @@ def fork_viewer(resumed: Resumed, tmp_path_factory: pytest.TempPathFactory) -> I
 def episode_ids(run: Path) -> set[str]:
     with EpisodeStore.open(run, create=False) as store:
         return {r["episode_id"] for r in store.episodes()}
+
+
+@pytest.mark.timeout(180)
+def test_bad_fork_requests_get_one_line_and_a_failed_fork_shows_why(
+    fork_viewer: Viewer, resumed: Resumed
+) -> None:
+    """Everything that fails before an engine starts (no vLLM here)."""
+    before = episode_ids(resumed.run)
+    root, header = base(fork_viewer.url), {"X-Agentrl-Fork": "1"}
+    assert get(root + "/api/features") == (200, {"fork": True})
+    good = {"run": "resumed", "id": "t0/0", "turn": 9}
+    status, text = post(root + "/api/fork", good, {})
+    assert status == 403 and "X-Agentrl-Fork" in text  # the flag does not lift this
+    for body, said in [
+        ({**good, "id": "nope"}, "no episode 'nope' in run 'resumed'"),
+        ({"run": "resumed", "id": "t0/0"}, "needs turn"),
+        ({**good, "turn": "two"}, "turn='two' is not a whole number"),
+        ({**good, "run": "elsewhere"}, "no run 'elsewhere'"),
+    ]:
+        status, text = post(root + "/api/fork", body, header)
+        assert status == 400 and said in json.loads(text)["error"], (body, text)
+    status, text = post(root + "/api/fork", good, header)
+    assert status == 202, text
+    job = json.loads(text)["job"]
+    deadline = time.monotonic() + 150
+    while (state := get(f"{root}/api/fork?job={job}")[1])["state"] == "running":
+        assert time.monotonic() < deadline, state
+        time.sleep(0.5)
+    assert state["state"] == "failed" and state["fork_id"] is None
+    assert "--fork-at 9" in state["lines"][0]  # the command it ran
+    assert any("assistant turns 0..2" in line for line in state["lines"]), state["lines"]
+    assert episode_ids(resumed.run) == before
 
 
 @pytest.mark.vllm
