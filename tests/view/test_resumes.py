@@ -109,3 +109,23 @@ def test_the_page_marks_the_token_where_the_episode_resumed(
         assert f"token {token}" in page.inner_text("#resumes")
     finally:
         context.close()
+
+
+def test_an_unfinished_episode_is_marked_where_its_checkpoint_ends_and_a_new_turn_version_too(
+    built: Any,
+) -> None:
+    """The demo run of tests/view/runs.py, through ViewData (what the endpoint answers)."""
+    from agentrl.view import ViewData
+
+    data = ViewData(built.root)
+    paused = data.episode("demo", built.paused, None)
+    assert paused["unfinished"]
+    assert paused["resumes"] == [
+        {"segment": 0, "token": 3, "turn": 0, "before": 2, "after": None, "why": "checkpointed"}
+    ]
+    t1 = data.episode("demo", "t1/0", None)  # turn 0 sampled at version 1, turn 1 at 2
+    versions = built.versions["t1/0"]
+    first_v2 = versions.index(2)
+    assert t1["resumes"] == [
+        {"segment": 0, "token": first_v2, "turn": 1, "before": 1, "after": 2, "why": "turn start"}
+    ]
