@@ -130,7 +130,16 @@ class Forks:
         return self.jobs[int(job)].as_dict()
 
     async def _run(self, job: ForkJob, command: list[str]) -> None:
+        """Run the fork; whatever goes wrong is the job's (its lines say why), never the
+        viewer's: an exception here would end the server's task group."""
         job.lines.append("$ agentrl " + " ".join(command[3:]))
+        try:
+            await self._follow(job, command)
+        except Exception as e:
+            job.lines.append(f"the fork could not run: {type(e).__name__}: {e}")
+            job.state = "failed"
+
+    async def _follow(self, job: ForkJob, command: list[str]) -> None:
         proc = await asyncio.create_subprocess_exec(
             *command,
             stdout=asyncio.subprocess.PIPE,
