@@ -366,6 +366,12 @@ def _view_parser(commands: Subparsers) -> None:
     view.add_argument("--host", default="127.0.0.1",
                       help="address to bind; not loopback: a token is required")  # fmt: skip
     view.add_argument("--no-browser", action="store_true", help="do not open a browser")
+    view.add_argument(
+        "--allow-fork",
+        action="store_true",
+        help="the page may start forks (`agentrl replay --fork-at`, an inference "
+        "engine each); a fork is stored in its run's episodes.db",
+    )
     view.add_argument("--bundle", default=None, metavar="OUT",
                       help="write a static site to OUT/ (opens from disk)")  # fmt: skip
     view.add_argument("--max-episodes", type=int, default=None,

@@ -7,7 +7,6 @@ opens a browser.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import sys
 
@@ -15,6 +14,7 @@ import sys
 def _view(args: argparse.Namespace, extra: list[str]) -> int:
     from pathlib import Path
 
+    from agentrl.lifecycle import ensure_reaper, run_stoppable
     from agentrl.view import ViewData, new_token, serve, write_bundle
 
     data = ViewData(Path(args.root))
@@ -41,8 +41,10 @@ def _view(args: argparse.Namespace, extra: list[str]) -> int:
             with contextlib.suppress(Exception):
                 webbrowser.open(url)
 
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(data, args.host, args.port, token, ready))
+    if args.allow_fork:  # a fork's engine never outlives the viewer, even a SIGKILLed one
+        ensure_reaper()
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C; SIGTERM/SIGHUP: Stopped, a subclass
+        run_stoppable(serve(data, args.host, args.port, token, ready, allow_fork=args.allow_fork))
     print("agentrl view: stopped", file=sys.stderr)
     return 0
 

@@ -24,6 +24,7 @@ from agentrl.chat.formats import ChatFormat
 from agentrl.config import RolloutConfig
 from agentrl.env import EnvHandle, supports_state
 from agentrl.errors import InfraError, RemoteEnvError
+from agentrl.jsondata import jsonable
 from agentrl.lanes import Deadlines
 from agentrl.metrics import Metrics
 from agentrl.rollout.check_command import check_env_command
@@ -157,6 +158,7 @@ class EnvCalls:
         ep.turn_starts = [dict(t) for t in p.turn_starts]
         ep.tool_calls = p.tool_calls
         ep.info = dict(p.info)
+        ep.resumed = resumes_of(p)
         if p.turn_sampled:
             ep.pending = list(ep.conversation.token_ids[-p.turn_sampled :])
         ep.progress.tool_calls = p.tool_calls
@@ -332,3 +334,27 @@ async def checked_step(
 def sampled_tokens(ep: EpisodeState) -> int:
     conv = ep.conversation
     return sum(sum(s.loss_mask) for s in conv.segments) if conv is not None else 0
+
+
+def resumes_of(p: PartialEpisode) -> list[dict[str, int]]:
+    """The resumes ``p`` records, plus this one (from ``p``): where it continues (segment,
+    token position, turn) and the version at the checkpoint. A fork point (version -1)
+    is not a checkpoint: not listed."""
+    earlier = list(p.info.get("resumed", []))
+    if p.version < 0 or not p.segments:
+        return earlier
+    at = {
+        "segment": len(p.segments) - 1,
+        "token": len(p.segments[-1].token_ids),
+        "turn": p.turn,
+        "version": p.version,
+    }
+    return [*earlier, at]
+
+
+def info_of(ep: EpisodeState) -> dict[str, Any]:
+    """What a checkpoint or trajectory records as ``info``: the env's, and the resumes."""
+    info = jsonable(ep.info)
+    if ep.resumed:
+        info["resumed"] = list(ep.resumed)
+    return info

@@ -100,6 +100,9 @@ class EpisodeState:
     turn_starts: list[dict[str, int]] = dataclasses.field(default_factory=list)
     tool_calls: int = 0
     info: dict[str, Any] = dataclasses.field(default_factory=dict)
+    resumed: list[dict[str, int]] = dataclasses.field(default_factory=list)
+    """Each resume from a checkpoint (kept in ``info["resumed"]``; ``info`` itself is the
+    env's latest): segment, token position, turn, and the version at the checkpoint."""
     handle: EnvHandle | None = None
     toolset: ToolSet | None = None
     conversation: Conversation | None = None

@@ -13,8 +13,7 @@ import dataclasses
 from typing import Any
 
 from agentrl.chat import Conversation
-from agentrl.jsondata import jsonable
-from agentrl.rollout.envside import current_state
+from agentrl.rollout.envside import current_state, info_of
 from agentrl.rollout.episode import EpisodeState
 from agentrl.types import EpisodeStatus, FailureKind, PartialEpisode, Trajectory
 
@@ -70,7 +69,7 @@ def snapshot_of(ep: EpisodeState, version: int) -> PartialEpisode:
         env_log=[dict(e) for e in ep.env_log],
         turn_starts=[dict(t) for t in ep.turn_starts],
         timings=dataclasses.replace(ep.timings),
-        info=jsonable(ep.info),
+        info=info_of(ep),
     )
 
 
@@ -106,7 +105,7 @@ def trajectory_of(
         segment=index,
         attempt=ep.attempt,
         timings=ep.timings,
-        info=jsonable(ep.info),
+        info=info_of(ep),
         env_log=ep.env_log,
         turn_starts=ep.turn_starts,
         **arrays,

@@ -94,7 +94,7 @@ class ViewData:
                 config = store.first_config() or {}
                 model = (config.get("model") or {}).get("path")
                 texts = self._texts[run_id] = TokenText(run_dir, model)
-            return episode_detail(store, episode_id, attempt, texts)
+            return {**episode_detail(store, episode_id, attempt, texts), "run_dir": str(run_dir)}
 
 
 def _number(query: Mapping[str, str], key: str, kind: type) -> Any:

@@ -12,7 +12,9 @@ In: a read-only :class:`~agentrl.store.EpisodeStore`, an episode id (and attempt
   advantage and correction mask per token;
 * ``attempts``: every attempt of the episode (a crash or a retry makes more than one);
 * ``lineage``: the episode it was resumed or forked from, the episodes derived from
-  it, and for a fork the first assistant turn whose tokens differ from its parent's.
+  it, and for a fork the first assistant turn whose tokens differ from its parent's;
+* ``resumes``: where the attempt paused and resumed from its exact prefix (a weight
+  publish, a crash's checkpoint), :mod:`agentrl.view.resumes`'s marks.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from agentrl.errors import ConfigError
 from agentrl.store import EpisodeStore, browse
 from agentrl.trainer.tokenrecord import read_record
 from agentrl.types import SegmentArrays
+from agentrl.view.resumes import resume_marks
 from agentrl.view.tokens import TokenText
 
 _DERIVED = re.compile(r"^(?P<parent>.+)~(?:fork@(?P<turn>\d+)|resumed)-\d+$")
@@ -68,6 +71,9 @@ def episode_detail(
         "segments": segments,
         "texts": {str(k): v for k, v in texts.texts(ids).items()},
         "attempts": tries,
+        "resumes": resume_marks(
+            recorded["segments"], recorded["info"], unfinished=recorded["unfinished"]
+        ),
         "lineage": {
             "parent": parent["parent"] if parent else None,
             "fork_turn": int(parent["turn"]) if parent and parent["turn"] else None,
@@ -92,6 +98,7 @@ def _recorded(store: EpisodeStore, episode_id: str, attempt: int) -> dict[str, A
             "task_id": partial.task.task_id,
             "unfinished": True,
             "failure": None,
+            "info": partial.info,
         }
     trajectories = store.trajectories(episode_id, attempt)
     if not trajectories:
@@ -104,6 +111,7 @@ def _recorded(store: EpisodeStore, episode_id: str, attempt: int) -> dict[str, A
             "task_id": None,
             "unfinished": True,
             "failure": None,
+            "info": {},
         }
     first = trajectories[0]
     return {
@@ -118,6 +126,7 @@ def _recorded(store: EpisodeStore, episode_id: str, attempt: int) -> dict[str, A
         "task_id": first.task_id,
         "unfinished": False,
         "failure": None if first.failure is None else first.failure.value,
+        "info": first.info,
     }
 
 

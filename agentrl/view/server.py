@@ -3,12 +3,17 @@
 Endpoints (all GET, all answers JSON; the page is ``/`` plus ``/static/*``):
 ``/api/runs``, ``/api/run?run=R``, ``/api/live?run=R``,
 ``/api/episodes?run=R&state=..&env=..&min_reward=..&max_reward=..&min_version_span=..
-&failure=..&attempt=..&limit=..&offset=..`` and ``/api/episode?run=R&id=E[&attempt=A]``.
+&failure=..&attempt=..&limit=..&offset=..``, ``/api/episode?run=R&id=E[&attempt=A]``,
+``/api/features`` and ``/api/fork?job=J``; one POST, ``/api/fork`` (JSON ``{run, id,
+attempt, turn}``), which starts a fork only under ``--allow-fork`` (:mod:`.forks`) and
+only with the :data:`~agentrl.view.forks.FORK_HEADER` header; otherwise it is refused
+with 403 and one line.
 
 Safe by default: it binds loopback; any other host needs the token (printed in the URL,
 as Jupyter does), checked on every request from the ``token`` query parameter, then
 from a cookie the first good request sets. Reads happen in worker threads, so a long
-episode never blocks the loop. It only reads run directories.
+episode never blocks the loop. It only reads run directories; a fork started from the
+page is written by ``agentrl replay`` (a subprocess), as a new episode in the run's store.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from aiohttp import web
 
 from agentrl.errors import AgentRLError, ConfigError
 from agentrl.view.data import ViewData
+from agentrl.view.forks import FORK_HEADER, ForkBusy, Forks
 
 STATIC = Path(__file__).with_name("static")
 COOKIE = "agentrl_view_token"
@@ -46,14 +52,54 @@ def new_token(host: str) -> str | None:
     return None if is_loopback(host) else secrets.token_urlsafe(24)
 
 
-def make_app(data: ViewData, token: str | None) -> web.Application:
-    """The viewer's application; ``token``: required on every request when not None."""
+def make_app(data: ViewData, token: str | None, forks: Forks | None = None) -> web.Application:
+    """The viewer's application; ``token``: required on every request when not None;
+    ``forks``: where forks start (None: fork requests are refused)."""
     app = web.Application(middlewares=[_token_check(token), _headers] if token else [_headers])
     app.router.add_get("/", _index)
     app.router.add_static("/static/", STATIC)
     for name, call in _endpoints(data).items():
         app.router.add_get(f"/api/{name}", _json(call))
+    app.router.add_get("/api/features", _json(lambda q: {"fork": forks is not None}))
+    app.router.add_get("/api/fork", _json(lambda q: _forks_on(forks).status(_required(q, "job"))))
+    app.router.add_post("/api/fork", _start_fork(forks))
     return app
+
+
+FORK_OFF = (
+    "forking from the page is off (a fork starts an inference engine): restart the viewer "
+    "with `agentrl view ROOT --allow-fork`, or run `agentrl replay RUN_DIR EPISODE --fork-at TURN`"
+)
+
+
+def _forks_on(forks: Forks | None) -> Forks:
+    if forks is None:
+        raise web.HTTPForbidden(text=FORK_OFF)
+    return forks
+
+
+def _start_fork(forks: Forks | None) -> Handler:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        if request.headers.get(FORK_HEADER) != "1":
+            raise web.HTTPForbidden(
+                text=f"a fork request needs the header {FORK_HEADER}: 1 (the page sends it)"
+            )
+        started = _forks_on(forks)
+        try:
+            body = await request.json()
+            if not isinstance(body, dict):
+                raise ValueError
+        except ValueError:
+            return web.json_response({"error": "send JSON {run, id, turn}"}, status=400)
+        try:
+            job = await started.start(body)
+        except ForkBusy as e:
+            return web.json_response({"error": str(e)}, status=409)
+        except ConfigError as e:
+            return web.json_response({"error": str(e)}, status=400)
+        return web.json_response(job.as_dict(), status=202)
+
+    return handler
 
 
 def _endpoints(data: ViewData) -> dict[str, Callable[[Any], Any]]:
@@ -131,17 +177,26 @@ def _token_check(token: str) -> Any:
 
 
 async def serve(
-    data: ViewData, host: str, port: int, token: str | None, ready: Callable[[str], None]
+    data: ViewData,
+    host: str,
+    port: int,
+    token: str | None,
+    ready: Callable[[str], None],
+    *,
+    allow_fork: bool = False,
 ) -> None:
-    """Serve until cancelled; call ``ready`` with the page's URL once listening."""
-    runner = web.AppRunner(make_app(data, token), access_log=None)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, host, port)
-        await site.start()
-        bound = runner.addresses[0][1]
-        shown = f"[{host}]" if ":" in host else host
-        ready(f"http://{shown}:{bound}/" + (f"?token={token}" if token else ""))
-        await asyncio.Event().wait()
-    finally:
-        await runner.cleanup()
+    """Serve until cancelled; call ``ready`` with the page's URL once listening.
+    ``allow_fork``: the page may start forks (each runs ``agentrl replay --fork-at``)."""
+    async with asyncio.TaskGroup() as group:  # a running fork ends with the server
+        forks = Forks(data, group) if allow_fork else None
+        runner = web.AppRunner(make_app(data, token, forks), access_log=None)
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, host, port)
+            await site.start()
+            bound = runner.addresses[0][1]
+            shown = f"[{host}]" if ":" in host else host
+            ready(f"http://{shown}:{bound}/" + (f"?token={token}" if token else ""))
+            await asyncio.Event().wait()
+        finally:
+            await runner.cleanup()

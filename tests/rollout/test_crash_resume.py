@@ -150,6 +150,9 @@ def test_sigkill_at_random_moments_then_resume_loses_nothing(killed_run: KilledR
     for key, tokens in checkpoints.items():
         if key in final:  # same attempt: the checkpoint's tokens are the exact prefix
             assert final[key].token_ids[: len(tokens)].tolist() == tokens.tolist(), key
+            # and it records where it resumed (the viewer marks that token)
+            at = [r["token"] for r in final[key].info.get("resumed", [])]
+            assert len(tokens) in at, (key, len(tokens), at)
             continued += 1
     assert continued > 0
     with EpisodeStore.open(out, create=False) as store:

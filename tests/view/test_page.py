@@ -212,3 +212,21 @@ def test_in_flight_episodes_update_without_a_reload(
         assert page.evaluate("window.marker") == 1
     finally:
         status.write_text(finished)
+
+
+def test_without_allow_fork_the_page_has_no_fork_control_and_names_the_cli(
+    page: Any, viewer: Viewer, built: Built
+) -> None:
+    page.goto(episode_url(viewer, built.fork_parent))
+    page.wait_for_selector("#fork-hint")
+    hint = page.inner_text("#fork-hint")
+    assert f"agentrl replay {built.run} '{built.fork_parent}' --fork-at TURN" in hint
+    assert "--allow-fork" in hint
+    assert page.locator(".fork-button").count() == 0
+    refused = page.evaluate(
+        "async () => { const r = await fetch('api/fork', {method: 'POST', headers: "
+        "{'Content-Type': 'application/json', 'X-Agentrl-Fork': '1'}, body: JSON.stringify("
+        "{run: 'demo', id: 't0/0', turn: 1})}); return [r.status, await r.text()]; }"
+    )
+    assert refused[0] == 403 and "--allow-fork" in refused[1]
+    assert page.errors == []

@@ -108,3 +108,34 @@ def test_serving_every_endpoint_leaves_the_run_directory_as_it_was(
                  f"/api/episode?run=demo&id={built.paused}"):  # fmt: skip
         assert get(root + path)[0] == 200, path
     assert _content(built.run) == before
+
+
+def post(url: str, body: dict[str, Any], headers: dict[str, str]) -> tuple[int, str]:
+    request = urllib.request.Request(
+        url,
+        json.dumps(body).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json", **headers},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_without_allow_fork_a_fork_request_is_refused_with_one_line(
+    viewer: Viewer, built: Built
+) -> None:
+    before = _content(built.run)
+    root = base(viewer.url)
+    assert get(root + "/api/features") == (200, {"fork": False})
+    fork = {"run": "demo", "id": "t0/0", "turn": 1}
+    status, text = post(root + "/api/fork", fork, {"X-Agentrl-Fork": "1"})
+    assert status == 403 and "--allow-fork" in text and "--fork-at" in text
+    assert "\n" not in text.strip()
+    status, text = post(root + "/api/fork", fork, {})  # what a cross-site form could send
+    assert status == 403 and "X-Agentrl-Fork" in text
+    assert get(root + "/api/fork?job=1")[0] == 403
+    assert get(root + "/api/fork?run=demo&id=t0/0&turn=1")[0] == 403  # a GET starts nothing
+    assert _content(built.run) == before

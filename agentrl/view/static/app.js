@@ -313,7 +313,9 @@ async function episodePage(params) {
     el("h2", {}, "Transcript"), transcript(ep),
     el("h2", {}, "Tokens"), el("label", {}, "colour by ", overlay), legend, tokens);
   buildTokens(tokens, ep);
+  tokens.before(resumeMarks(ep)); // episode-extras.js
   paint();
+  await forkControls(run, ep, document.getElementById("transcript"));
 }
 
 function attemptsBox(run, ep) {
