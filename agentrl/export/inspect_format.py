@@ -144,7 +144,7 @@ async def _write_log(samples: list[Any], run: RunInfo, path: Path, started: str)
     )
 
     rewards = [s.metadata["reward"] for s in samples if s.scores]  # unfinished: no score
-    mean = EvalMetric(name="mean", value=sum(rewards) / len(rewards) if rewards else 0.0)
+    mean = {"mean": EvalMetric(name="mean", value=sum(rewards) / max(len(rewards), 1))}
     spec, plan = _spec(run, path, started)
     log = EvalLog(
         status="success",
@@ -153,7 +153,7 @@ async def _write_log(samples: list[Any], run: RunInfo, path: Path, started: str)
         results=EvalResults(
             total_samples=len(samples),
             completed_samples=len(samples),
-            scores=[EvalScore(name=SCORER, scorer=SCORER, metrics={"mean": mean})],
+            scores=[EvalScore(name=SCORER, scorer=SCORER, metrics=mean)] if rewards else [],
         ),
         stats=EvalStats(started_at=started, completed_at=_now()),
         samples=samples,
@@ -169,7 +169,7 @@ def _spec(run: RunInfo, path: Path, created: str) -> tuple[Any, Any]:
     spec = EvalSpec(
         created=created,
         task=f"agentrl/{run.name}",
-        task_id=run.name,
+        task_id=path.stem,  # one per log: the viewer lists logs of one task_id as retries
         run_id=run.name,
         eval_id=path.stem,
         dataset=EvalDataset(name=run.name),
