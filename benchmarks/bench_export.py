@@ -19,6 +19,7 @@ import asyncio
 import json
 import math
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -27,6 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from agentrl.export.inspect_format import SAMPLES_PER_LOG
 from agentrl.store import EpisodeStore
 from agentrl.types import Task, TokenSpan, Trajectory
 from benchmarks.common import save, table
@@ -95,17 +97,25 @@ def child(run_dir: str, fmt: str, out: str, limit: int) -> None:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     print(json.dumps({"episodes": result.episodes, "seconds": result.seconds,
                       "peak_rss_mib": peak / 1024, "import_rss_mib": baseline / 1024,
-                      "bytes": result.path.stat().st_size}))  # fmt: skip
+                      "bytes": _size(result.path)}))  # fmt: skip
+
+
+def _size(path: Path) -> int:
+    """Bytes of the export: a file, or inspect's folder of logs."""
+    return sum(p.stat().st_size for p in path.iterdir()) if path.is_dir() else path.stat().st_size
 
 
 def measure(run_dir: Path, scratch: Path, fmt: str, limit: int) -> dict:
-    out = scratch / f"out-{limit}.{'eval' if fmt == 'inspect' else fmt}"
+    out = scratch / (f"out-{limit}" if fmt == "inspect" else f"out-{limit}.{fmt}")
     proc = subprocess.run(
         [sys.executable, __file__, "--child", str(run_dir), fmt, str(out), str(limit)],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     row = json.loads(proc.stdout.strip().splitlines()[-1])
-    out.unlink()
+    if out.is_dir():
+        shutil.rmtree(out)
+    else:
+        out.unlink()
     row["per_s"] = row["episodes"] / row["seconds"]
     print(f"  {fmt} x {limit}: {row['seconds']:.1f} s, {row['per_s']:.0f} episodes/s, peak RSS "
           f"{row['peak_rss_mib']:.0f} MiB", flush=True)  # fmt: skip
@@ -157,8 +167,8 @@ def _markdown(rows: dict, args: argparse.Namespace, built: float) -> str:
         + body
         + f"\n\nEach export in a fresh process, from a store of {args.episodes:,} episodes "
         f"built in {built:.0f} s through the store's API. Episodes stream from the store a "
-        "page (500) at a time; `inspect` keeps Inspect's own per-sample summary (the log's "
-        "sample list, written at the end) for every sample, the one part that grows."
+        "page (500) at a time; `inspect` writes a folder of `.eval` logs of "
+        f"{SAMPLES_PER_LOG:,} samples each, so it holds at most one log's samples."
     )
 
 

@@ -29,5 +29,5 @@ def _export(args: argparse.Namespace, extra: list[str]) -> int:
         f"wrote {result.episodes} episodes to {result.path} ({args.format}, {result.seconds:.1f} s)"
     )
     if args.format == "inspect":
-        print(f"view it: inspect view --log-dir {result.path.parent}")
+        print(f"view it: inspect view --log-dir {result.path}")
     return 0

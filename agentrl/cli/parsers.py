@@ -295,16 +295,16 @@ def _export_parser(commands: Subparsers) -> None:
         "export",
         help="write a run's episodes as an Inspect log, ATIF trajectories or JSONL",
         description="Stream the run's episodes (the filters of `agentrl replay`) into a file "
-        "other tools read: --format inspect writes an Inspect AI .eval log (`inspect view` "
-        "opens it), atif one ATIF trajectory per line with token ids, logprobs and policy "
-        "versions, jsonl agentrl's loss-free records. inspect and atif need "
-        "`pip install 'agentrl[export]'`.",
+        "other tools read: --format inspect writes a folder of Inspect AI .eval logs "
+        "(`inspect view --log-dir` opens it), atif one ATIF trajectory per line with token "
+        "ids, logprobs and policy versions, jsonl agentrl's loss-free records. inspect and "
+        "atif need `pip install 'agentrl[export]'`.",
     )
     export.add_argument("run_dir", help="a run directory (holds episodes.db)")
     export.add_argument("--format", required=True, choices=("inspect", "atif", "jsonl"))
     export.add_argument("--out", required=True, metavar="PATH",
-                        help="the file to write (inspect: a .eval file, or a folder that gets "
-                        "RUN_NAME.eval); missing folders are created")  # fmt: skip
+                        help="the file to write (inspect: a folder that gets RUN_NAME-0001.eval, "
+                        "... a log per 1000 episodes); missing folders are created")  # fmt: skip
     export.add_argument("--state", action="append", default=None,
                         help="filter: finished, truncated, failed, running, paused, retried, "
                         "dropped (repeatable)")  # fmt: skip

@@ -5,7 +5,8 @@ or agentrl's own JSONL, and read back as data.
 selects episodes with the filters of ``agentrl replay`` (:func:`agentrl.replay.select`)
 and streams them, one at a time, into
 
-* :mod:`.inspect_format`: an Inspect AI ``.eval`` log (``inspect view`` opens it);
+* :mod:`.inspect_format`: a folder of Inspect AI ``.eval`` logs (``inspect view`` opens
+  it);
 * :mod:`.atif_format`: one ATIF v1.8 trajectory per line, token ids, logprobs and
   per-token policy versions included;
 * ``jsonl``: the loss-free native form of :func:`agentrl.replay.export`.
@@ -18,12 +19,14 @@ recorded: SFT examples for :mod:`agentrl.sft`, or groups for a training step.
 from __future__ import annotations
 
 import dataclasses
+import glob
 import time
 from pathlib import Path
 from typing import Any, Literal, get_args
 
 from agentrl import replay
 from agentrl.errors import ConfigError
+from agentrl.export.inspect_format import SAMPLES_PER_LOG
 from agentrl.export.readback import offline_groups, read_trajectories, sft_examples
 from agentrl.export.runinfo import RunInfo
 from agentrl.store import EpisodeStore
@@ -54,16 +57,27 @@ class ExportResult:
 
 
 def output_path(fmt: ExportFormat, out: str | Path, run: RunInfo) -> Path:
-    """Where a format writes for ``--out``: the file itself, or for ``inspect`` a folder
-    (any path not ending in ``.eval``) that gets ``<run>.eval``."""
+    """Where a format writes for ``--out``: the file itself, or for ``inspect`` the
+    folder of logs (``<run>-0001.eval``, ...)."""
     path = Path(out)
-    if path.exists() and path.is_dir() and fmt != "inspect":
+    if fmt == "inspect":
+        if path.suffix == ".eval":
+            raise ConfigError(
+                f"--out {str(path)!r}: --format inspect writes a folder of .eval logs (one "
+                f"per {SAMPLES_PER_LOG} episodes); give a folder, e.g. "
+                f"{str(path.with_suffix(''))!r}"
+            )
+        earlier = sorted(path.glob(f"{glob.escape(run.name)}-[0-9][0-9][0-9][0-9].eval"))
+        if earlier:
+            raise ConfigError(
+                f"--out {str(path)!r} already holds {earlier[0].name} (an earlier export of "
+                f"{run.name!r}); choose another folder or remove its {run.name}-*.eval logs"
+            )
+    elif path.exists() and path.is_dir():
         raise ConfigError(
             f"--out {str(path)!r} is a folder; give a file path, e.g. "
             f"{str(path / ('episodes.' + fmt + '.jsonl'))!r}"
         )
-    if fmt == "inspect" and path.suffix != ".eval":
-        path = path / f"{run.name}.eval"
     return path
 
 
@@ -92,10 +106,10 @@ async def export_run(
 
 
 def _writable_folder(path: Path) -> None:
-    """Create ``path``'s folder, or refuse in one line."""
+    """Create the folder ``path``, or refuse in one line."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ConfigError(
-            f"cannot create {str(path.parent)!r}: {e.strerror or e}; choose another --out"
+            f"cannot create {str(path)!r}: {e.strerror or e}; choose another --out"
         ) from e

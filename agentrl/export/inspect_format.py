@@ -1,7 +1,7 @@
-"""Episodes as an Inspect AI ``.eval`` log, written with Inspect's own log writer.
+"""Episodes as a folder of Inspect AI ``.eval`` logs, written with Inspect's public log API.
 
-One sample per episode attempt (``inspect view`` opens the file as it opens its own
-logs; ``inspect_ai.log.read_eval_log`` reads it):
+One sample per episode attempt (``inspect view --log-dir`` opens the folder as it opens
+its own log directories; ``inspect_ai.log.read_eval_log`` reads each file):
 
 * ``messages``: the episode's chat, assistant turns with their tool calls
   (``ToolCall``) and each result a ``tool`` message naming its call; each assistant
@@ -9,23 +9,22 @@ logs; ``inspect_ai.log.read_eval_log`` reads it):
 * ``scores["reward"]``: the episode's reward, its reason as the explanation, the
   failure kind and per-turn rewards in the score's metadata (no score while unfinished);
 * ``metadata``: env id, seed, attempt, state, status, failure kind, policy versions,
-  relation to a fork's or retry's origin; the run's config is the log's metadata.
+  relation to a fork's or retry's origin; the run's config is each log's metadata.
 
 The log asks the viewer to show its content as plain text (``trust_content=False``):
 model and env text is never rendered as Markdown or HTML.
 
-The samples stream into Inspect's ``EvalRecorder`` (the writer ``write_eval_log``
-itself uses), written into the zip every :data:`FLUSH_EVERY` samples, so the samples
-are never all in memory; Inspect keeps a summary of every sample for the log's sample
-list (its ``summaries.json``), the one part that grows with the log (about 14 KB of
-peak memory per sample, ``benchmarks/bench_export.py``). Needs
-``pip install 'agentrl[export]'``.
+Constant memory: an ``.eval`` file holds a summary of every sample it contains (its
+``summaries.json``, the viewer's sample list), which its writer keeps in memory until
+the file is finished. So the export rolls to a new log every :data:`SAMPLES_PER_LOG`
+samples (``<run>-0001.eval``, ``<run>-0002.eval``, ...), each written whole with
+``write_eval_log_async``: memory is bounded by one log's samples, whatever the run's
+size. Needs ``pip install 'agentrl[export]'``.
 """
 
 from __future__ import annotations
 
 import datetime
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -35,10 +34,9 @@ from agentrl.export.runinfo import RunInfo, require
 from agentrl.replay import Recorded
 
 SCORER = "reward"
-FLUSH_EVERY = 200
-"""Samples buffered before they are written into the log's zip: memory is bounded by
-this many samples (Inspect compares each new sample with those buffered, so a larger
-buffer costs time per sample)."""
+SAMPLES_PER_LOG = 1000
+"""Samples per ``.eval`` file: the export's memory is bounded by this many samples
+(``benchmarks/bench_export.py``), and a folder of a 100,000-episode run holds 100 logs."""
 
 
 def to_sample(recorded: Recorded, run: RunInfo) -> Any:
@@ -116,46 +114,51 @@ def _messages(turn: Turn) -> list[Any]:
     return out
 
 
-async def write_inspect(episodes: Iterable[Recorded], run: RunInfo, path: Path) -> int:
-    """Write the episodes as one ``.eval`` log at ``path``; return the sample count."""
+async def write_inspect(episodes: Iterable[Recorded], run: RunInfo, folder: Path) -> int:
+    """Write the episodes as ``.eval`` logs of up to :data:`SAMPLES_PER_LOG` samples
+    each into ``folder``; return the sample count."""
     require("inspect_ai")
-    from inspect_ai.log import EvalMetric, EvalResults, EvalScore, EvalStats
-    from inspect_ai.log._condense import condense_sample
-    from inspect_ai.log._recorders.eval import EvalRecorder
-
+    count, part, samples = 0, 0, []
     started = _now()
-    spec, plan = _spec(run, path, started)
-    count, scored, total = 0, 0, 0.0
-    with tempfile.TemporaryDirectory(prefix="agentrl-export-") as scratch:
-        recorder = EvalRecorder(scratch)
-        await recorder.log_init(spec, str(path), clean=True)
-        await recorder.log_start(spec, plan)
-        for recorded in episodes:
-            sample = to_sample(recorded, run)
-            await recorder.log_sample(spec, condense_sample(sample))
-            count += 1
-            if count % FLUSH_EVERY == 0:
-                await _write_buffered(recorder, spec)
-            if sample.scores:  # unfinished episodes have no reward yet
-                scored, total = scored + 1, total + sample.metadata["reward"]
-        mean = EvalMetric(name="mean", value=total / scored if scored else 0.0)
-        results = EvalResults(
-            total_samples=count,
-            completed_samples=count,
-            scores=[EvalScore(name=SCORER, scorer=SCORER, metrics={"mean": mean})],
-        )
-        await recorder.log_finish(
-            spec, "success", EvalStats(started_at=started, completed_at=_now()), results, None
-        )
+    for recorded in episodes:
+        samples.append(to_sample(recorded, run))
+        count += 1
+        if len(samples) == SAMPLES_PER_LOG:
+            part += 1
+            await _write_log(samples, run, folder / f"{run.name}-{part:04d}.eval", started)
+            samples, started = [], _now()
+    if samples or part == 0:  # an empty selection still gets one (empty) log
+        await _write_log(samples, run, folder / f"{run.name}-{part + 1:04d}.eval", started)
     return count
 
 
-async def _write_buffered(recorder: Any, spec: Any) -> None:
-    """Write the buffered samples into the log's (temporary) zip: ``recorder.flush``
-    without its copy of the whole file to its place, which ``log_finish`` makes once.
-    (The recorder's per-log file object, as ``EvalRecorder.flush`` reaches it; the
-    ``inspect-ai`` version is pinned in the ``export`` extra.)"""
-    await recorder.data[recorder._log_file_key(spec)].write_buffered_samples()
+async def _write_log(samples: list[Any], run: RunInfo, path: Path, started: str) -> None:
+    """One finished ``.eval`` log of ``samples``, its mean reward over them."""
+    from inspect_ai.log import (
+        EvalLog,
+        EvalMetric,
+        EvalResults,
+        EvalScore,
+        EvalStats,
+        write_eval_log_async,
+    )
+
+    rewards = [s.metadata["reward"] for s in samples if s.scores]  # unfinished: no score
+    mean = {"mean": EvalMetric(name="mean", value=sum(rewards) / max(len(rewards), 1))}
+    spec, plan = _spec(run, path, started)
+    log = EvalLog(
+        status="success",
+        eval=spec,
+        plan=plan,
+        results=EvalResults(
+            total_samples=len(samples),
+            completed_samples=len(samples),
+            scores=[EvalScore(name=SCORER, scorer=SCORER, metrics=mean)] if rewards else [],
+        ),
+        stats=EvalStats(started_at=started, completed_at=_now()),
+        samples=samples,
+    )
+    await write_eval_log_async(log, path, format="eval")
 
 
 def _spec(run: RunInfo, path: Path, created: str) -> tuple[Any, Any]:
@@ -166,7 +169,7 @@ def _spec(run: RunInfo, path: Path, created: str) -> tuple[Any, Any]:
     spec = EvalSpec(
         created=created,
         task=f"agentrl/{run.name}",
-        task_id=run.name,
+        task_id=path.stem,  # one per log: the viewer lists logs of one task_id as retries
         run_id=run.name,
         eval_id=path.stem,
         dataset=EvalDataset(name=run.name),

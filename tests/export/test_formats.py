@@ -2,6 +2,8 @@
 
 * inspect: the ``.eval`` log, opened with Inspect's own reader, gives back every
   episode's messages (tool calls paired with their results), reward score and metadata;
+  past ``SAMPLES_PER_LOG`` samples the export rolls to a new log, and the folder's logs
+  hold every episode once;
 * atif: each line passes the ``atif`` models' validation, and its token ids, logprobs
   and per-token versions equal the store's;
 * jsonl and atif read back (:func:`agentrl.export.read_trajectories`) give the recorded
@@ -22,6 +24,7 @@ from typing import Any
 import pytest
 
 from agentrl import replay
+from agentrl.errors import ConfigError
 from agentrl.export import export_run, read_trajectories
 from agentrl.store import EpisodeStore
 
@@ -42,8 +45,9 @@ def test_inspect_log_read_by_inspect_holds_every_episode(run_dir: Path, tmp_path
     from inspect_ai.log import read_eval_log
 
     path = _export(run_dir, "inspect", tmp_path / "missing" / "logs")
-    assert path == tmp_path / "missing" / "logs" / "calc-demo.eval"
-    log = read_eval_log(str(path))
+    assert path == tmp_path / "missing" / "logs"
+    assert [p.name for p in path.iterdir()] == ["calc-demo-0001.eval"]
+    log = read_eval_log(str(path / "calc-demo-0001.eval"))
     recorded = _recorded(run_dir)
     assert log.status == "success" and log.samples is not None
     assert sorted(str(s.id) for s in log.samples) == sorted(recorded) and len(recorded) == 9
@@ -77,6 +81,39 @@ def test_inspect_log_read_by_inspect_holds_every_episode(run_dir: Path, tmp_path
     rewards = [r.trajectories[0].reward for r in recorded.values() if r.trajectories]
     mean = log.results.scores[0].metrics["mean"].value
     assert len(rewards) == 8 and mean == pytest.approx(sum(rewards) / 8)
+
+
+def test_inspect_rolls_to_a_new_log_every_samples_per_log(
+    run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from inspect_ai.log import list_eval_logs, read_eval_log
+
+    from agentrl.export import inspect_format
+
+    monkeypatch.setattr(inspect_format, "SAMPLES_PER_LOG", 4)
+    path = _export(run_dir, "inspect", tmp_path / "logs")
+    names = sorted(p.name for p in path.iterdir())
+    assert names == ["calc-demo-0001.eval", "calc-demo-0002.eval", "calc-demo-0003.eval"]
+    assert len(list_eval_logs(str(path))) == 3  # what `inspect view --log-dir` lists
+    logs = [read_eval_log(str(path / name)) for name in names]
+    assert [len(log.samples or []) for log in logs] == [4, 4, 1]
+    ids = [str(s.id) for log in logs for s in log.samples or []]
+    assert sorted(ids) == sorted(_recorded(run_dir))
+    assert len({log.eval.eval_id for log in logs}) == 3
+    assert [log.eval.task_id for log in logs] == [n.removesuffix(".eval") for n in names]
+    assert {log.eval.run_id for log in logs} == {"calc-demo"}
+    for log in logs:  # each log's mean is over its own scored samples
+        rewards = [s.scores["reward"].value for s in log.samples or [] if s.scores]
+        if not rewards:  # the last log holds only the unfinished episode: no score
+            assert log.results.scores == []
+            continue
+        mean = log.results.scores[0].metrics["mean"].value
+        assert mean == pytest.approx(sum(rewards) / len(rewards))
+    assert sum(len([s for s in log.samples or [] if s.scores]) for log in logs) == 8
+    with pytest.raises(ConfigError, match=r"already holds calc-demo-0001\.eval"):
+        _export(run_dir, "inspect", path)
+    with pytest.raises(ConfigError, match=r"give a folder, e\.g\."):
+        _export(run_dir, "inspect", tmp_path / "x.eval")
 
 
 def test_atif_validates_and_carries_the_stores_tokens(run_dir: Path, tmp_path: Path) -> None:
@@ -140,7 +177,7 @@ def test_filters_and_output_paths(run_dir: Path, tmp_path: Path) -> None:
     assert done.returncode == 0 and len(made.read_text().splitlines()) == 9, done.stderr
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    for fmt in ("jsonl", "inspect"):
+    for fmt, name in (("jsonl", "x.jsonl"), ("inspect", "logs")):
         done = subprocess.run(
             [
                 sys.executable,
@@ -151,7 +188,7 @@ def test_filters_and_output_paths(run_dir: Path, tmp_path: Path) -> None:
                 "--format",
                 fmt,
                 "--out",
-                str(blocker / "under" / "x.eval"),
+                str(blocker / "under" / name),
             ],
             capture_output=True,
             text=True,

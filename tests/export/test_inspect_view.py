@@ -1,7 +1,8 @@
 """``inspect view`` (Inspect's own viewer) on an exported run, in a real headless browser.
 
-Debian's chromium driven by Playwright: the exported log is listed with its mean reward,
-and opening an episode shows its tool call, the tool's result and the final answer.
+Debian's chromium driven by Playwright: the export's folder of logs (three, at four
+episodes a log) is listed whole, none hidden as a retry of another, and opening a log and
+an episode shows its tool call, the tool's result and the final answer.
 The screenshot is kept under the test's folder (and copied to ``$AGENTRL_DOCS_IMG`` when
 that is set, which is how ``docs/img/inspect-view-export.png`` was made).
 """
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.export import export_run
+from agentrl.export import export_run, inspect_format
 from agentrl.store import EpisodeStore
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -50,8 +51,11 @@ def _wait_for(port: int, proc: subprocess.Popen, timeout_s: float = 60) -> None:
     raise AssertionError(f"inspect view did not listen on {port} in {timeout_s} s")
 
 
-def test_inspect_view_shows_an_exported_episode(run_dir: Path, tmp_path: Path) -> None:
+def test_inspect_view_shows_an_exported_episode(
+    run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     playwright = pytest.importorskip("playwright.sync_api")
+    monkeypatch.setattr(inspect_format, "SAMPLES_PER_LOG", 4)  # 9 episodes: three logs
     with EpisodeStore.open(run_dir, create=False) as store:
         asyncio.run(export_run(store, "inspect", tmp_path / "logs"))
     port = _free_port()
@@ -66,8 +70,13 @@ def test_inspect_view_shows_an_exported_episode(run_dir: Path, tmp_path: Path) -
             browser = p.chromium.launch(executable_path=str(CHROMIUM))
             page = browser.new_page(viewport={"width": 1400, "height": 900})
             page.goto(f"http://127.0.0.1:{port}/", timeout=60_000)
-            page.get_by_text("agentrl/calc-demo").first.wait_for(timeout=60_000)
-            assert page.get_by_text("9 Samples").count() >= 1
+            page.get_by_text("3 items").first.wait_for(timeout=60_000)  # the tasks: 3 logs
+            assert page.get_by_text("agentrl/calc-demo").count() == 3, page.inner_text("body")
+            page.goto(f"http://127.0.0.1:{port}/#/logs", timeout=60_000)  # by file name
+            names = [f"calc-demo-000{k}.eval" for k in (1, 2, 3)]
+            page.get_by_text(names[0]).first.wait_for(timeout=60_000)
+            assert all(page.get_by_text(name).count() == 1 for name in names)  # none hidden
+            page.get_by_text(names[0]).first.click()
             page.get_by_text("agentrl.Calculator-v0#0/1#0").first.click()
             page.get_by_text("Answer:").first.wait_for(timeout=60_000)
             body = page.inner_text("body")
