@@ -96,7 +96,7 @@ async def start_cluster(
         ]
         handles = await services.start(specs, c.inference_resources, i.startup_timeout_s)
         managed = {h.url: ActorServer(h, give_up_at=i.max_restarts) for h in handles}
-        i = dataclasses.replace(i, mode="server", servers=[h.url for h in handles], num_servers=0)
+        i = dataclasses.replace(i, mode="server", servers=[h.url for h in handles])
     nodes = {p["node_id"] for p in services.placement()}
     say(
         f"Ray cluster {ray.get_runtime_context().gcs_address}: {c.inference_servers} inference "
