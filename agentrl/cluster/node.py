@@ -6,7 +6,8 @@ server bound to the node's IP (``vllm serve`` built by
 :func:`agentrl.inference.server.server_command`, or ``agentrl serve-env ENV_ID``), and
 returns once ``/health`` answers. If the server exits, the actor exits with it, so Ray
 starts the actor again (``cluster.max_restarts``); if the actor dies (killed, its node
-gone), the server dies with it (the kernel's parent-death signal).
+gone), the server dies with it (the kernel's parent-death signal), and so do the
+processes the server started (agentrl's watchdog, :func:`agentrl.lifecycle.ensure_reaper`).
 
 This module needs no Ray itself: the actor learns its node from the ``node`` argument's
 callable, so it can be tested as a plain object.
@@ -34,6 +35,7 @@ from typing import Any, Literal
 
 from agentrl.errors import EngineStartupError
 from agentrl.inference.base import InferenceConfig
+from agentrl.lifecycle import ensure_reaper
 
 logger = logging.getLogger(__name__)
 
@@ -124,6 +126,7 @@ class ServiceProcess:
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = log_dir / f"{spec.piece}-server-{spec.index}-{self.port}.log"
         cwd = spec.cwd if spec.cwd and Path(spec.cwd).is_dir() else None
+        ensure_reaper()  # the server's own children (vLLM's engine) die with this actor too
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 command,

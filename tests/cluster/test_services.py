@@ -21,7 +21,10 @@ from typing import Any
 import pytest
 
 from agentrl.cluster.node import ServiceSpec
-from agentrl.cluster.services import ClusterServices
+from agentrl.cluster.proxy import Relay
+from agentrl.cluster.runtime import Placement
+from agentrl.cluster.services import ActorServer, ClusterServices, ServiceHandle
+from agentrl.errors import ServerUnavailable
 from agentrl.rollout import tasks_for
 from tests.cluster.conftest import RayTestCluster
 from tests.faults.test_episode_faults import assert_accounted
@@ -108,3 +111,26 @@ async def test_env_server_actors_on_two_nodes_serve_episodes_and_survive_a_kill(
     store = stored(tmp_path / "run")
     assert store["integrity"] == "ok"
     assert store["episodes_by_state"].get("finished") == tasks * GROUP_SIZE, store
+
+
+async def test_an_actor_server_is_dead_to_the_pool_until_restart_sees_rays_new_server() -> None:
+    """The ServerPool's view (a unit test over a placement; the real seam: the soak run)."""
+    handle = ServiceHandle(actor=None, relay=Relay(), placement=Placement("inference", 0))
+    handle._set(state="alive", pid=100)
+    server = ActorServer(handle, give_up_at=3)
+    assert server.alive and server.restarts == 0
+    handle._set(state="alive", pid=200, restarts=1)  # Ray restarted it between two pings
+    assert not server.alive  # a new server without the run's weights: the pool catches it up
+    await asyncio.wait_for(server.restart(), 5)
+    assert server.alive
+    handle._set(state="restarting")
+    waiting = asyncio.create_task(server.restart(timeout_s=10))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    handle._set(state="alive", pid=300, restarts=2)
+    await asyncio.wait_for(waiting, 5)
+    assert server.alive and server.restarts == 2
+    handle._set(state="dead", reason="restarts used up")
+    assert not server.alive and server.restarts == 3  # the pool gives up on it
+    with pytest.raises(ServerUnavailable, match="restarts used up"):
+        await server.restart()
