@@ -62,15 +62,50 @@ class Relay:
             return
         try:
             async with asyncio.timeout(_CONNECT_TIMEOUT_S):
-                up_reader, up_writer = await asyncio.open_connection(*target)
+                upstream = await asyncio.open_connection(*target)
         except (OSError, TimeoutError):
             writer.close()
             return
+        link = _Link(target, reader, writer, *upstream)
+        task = asyncio.create_task(link.run(), name="relay link")
+        self._pipes.add(task)
+        try:
+            await task
+        finally:
+            self._pipes.discard(task)
+
+
+class _Link:
+    """One relayed connection: client bytes up, server bytes down.
+
+    A server closes an idle keep-alive connection on its own (uvicorn after 5 s). Were
+    the relay slow to pass that close on, a client could send its next request into a
+    connection already closed behind the relay, and see it dropped. So a request that
+    follows an answered one on the same connection and meets the server's close before
+    any byte of its answer is sent again on a new connection to the same server (the
+    server closed the old one between requests: it never read this one).
+    """
+
+    def __init__(
+        self,
+        target: tuple[str, int],
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        up_reader: asyncio.StreamReader,
+        up_writer: asyncio.StreamWriter,
+    ) -> None:
+        self.target = target
+        self.reader, self.writer = reader, writer
+        self.up_reader, self.up_writer = up_reader, up_writer
+        self.unanswered = bytearray()
+        """Client bytes sent up since the server's last byte down."""
+        self.answered = False
+
+    async def run(self) -> None:
         pipes = [
-            asyncio.create_task(_pipe(reader, up_writer), name="relay up"),
-            asyncio.create_task(_pipe(up_reader, writer), name="relay down"),
+            asyncio.create_task(self._up(), name="relay up"),
+            asyncio.create_task(self._down(), name="relay down"),
         ]
-        self._pipes.update(pipes)
         try:
             # Either side closing ends the connection (a dead server drops its clients).
             await asyncio.wait(pipes, return_when=asyncio.FIRST_COMPLETED)
@@ -78,17 +113,48 @@ class Relay:
             for task in pipes:
                 task.cancel()
             await asyncio.gather(*pipes, return_exceptions=True)
-            self._pipes.difference_update(pipes)
-            for w in (writer, up_writer):
+            for w in (self.writer, self.up_writer):
                 with contextlib.suppress(OSError, RuntimeError):
                     w.close()
 
+    async def _up(self) -> None:
+        with contextlib.suppress(OSError):
+            while data := await self.reader.read(_CHUNK):
+                self.unanswered += data
+                self.up_writer.write(data)
+                with contextlib.suppress(OSError):  # a closed server: _down sends it again
+                    await self.up_writer.drain()
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    with contextlib.suppress(OSError):
-        while data := await reader.read(_CHUNK):
-            writer.write(data)
-            await writer.drain()
+    async def _down(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                data = await self.up_reader.read(_CHUNK)
+                if data:
+                    self.unanswered.clear()
+                    self.answered = True
+                    self.writer.write(data)
+                    await self.writer.drain()
+                elif not (self.answered and self.unanswered and await self._reconnect()):
+                    return
+
+    async def _reconnect(self) -> bool:
+        """A new connection to the server, with the unanswered request sent on it."""
+        old = self.up_writer
+        try:
+            async with asyncio.timeout(_CONNECT_TIMEOUT_S):
+                up_reader, up_writer = await asyncio.open_connection(*self.target)
+        except (OSError, TimeoutError):
+            return False
+        # No await from here on: _up writes its next bytes to the new connection.
+        up_writer.write(bytes(self.unanswered))
+        self.up_reader, self.up_writer = up_reader, up_writer
+        with contextlib.suppress(OSError, RuntimeError):
+            old.close()
+        logger.debug(
+            "relay to %s:%d: a request met a closed keep-alive connection; sent again on a new one",
+            *self.target,
+        )
+        return True
 
 
 class RelayThread:

@@ -11,11 +11,14 @@ Ray starts the actor again on another node or port.
 A watch task pings every actor once a second and keeps its :class:`Placement` (node,
 URL, state, restarts) and its relay's target up to date. What the pools see:
 
-* an actor that died and is being restarted: its relay refuses connections; for an
-  inference server, :class:`ActorServer` (the ``managed=`` object the
-  :class:`~agentrl.inference.pool.ServerPool` restarts) reports it dead, and its
-  ``restart()`` waits for Ray's restart, after which the pool loads the newest weights
-  into it before it takes requests again (failover and stickiness are the pool's own);
+* an actor that died and is being restarted: its server is gone, so connections
+  through its relay fail and the pools take it out (failover and stickiness are the
+  pools' own). Once Ray has started it again (a new server process, perhaps on another
+  node and port), the relay points there; for an inference server,
+  :class:`ActorServer` (the ``managed=`` object of the
+  :class:`~agentrl.inference.pool.ServerPool`) reports the old server dead and its
+  ``restart()`` returns, so the pool loads the newest weights into the new one before
+  it takes requests again;
 * an actor Ray gave up on (restarts used up, no node left that offers its resources):
   state "dead"; the pools leave it out, and when no server of a piece is left the run
   stops with the pools' own error and the ``agentrl train --resume`` command.
@@ -90,7 +93,7 @@ class ServiceHandle:
         before = self.placement.as_dict()
         for key, value in changes.items():
             setattr(self.placement, key, value)
-        if self.placement.state != "alive":
+        if self.placement.state == "dead":
             self.relay.target = None
         if self.placement.as_dict() != before:
             p = self.placement
@@ -121,7 +124,7 @@ def _reason(error: BaseException) -> str:
 class ActorServer:
     """A service actor as the ``managed=`` server of a ServerPool (its restart is Ray's).
 
-    ``alive`` is False from the moment the watch sees the actor gone or started again
+    ``alive`` is False from the moment the watch sees the actor dead or started again
     (a new server, without the run's weights), until :meth:`restart` has seen it back:
     the pool then catches the new server up to the newest weights.
     """
@@ -143,7 +146,9 @@ class ActorServer:
     @property
     def alive(self) -> bool:
         p = self.handle.placement
-        return p.state == "alive" and p.pid == self._pid
+        # "restarting" may only be an actor slow to answer a ping: the pool's own health
+        # checks judge the server; a new server process (pid) is what must be caught up.
+        return p.state != "dead" and p.pid == self._pid
 
     @property
     def restarts(self) -> int:

@@ -24,7 +24,7 @@ import pytest
 from tests.cluster.conftest import RayTestCluster, start_cluster, stop_cluster
 from tests.faults.harness import AGENTRL, Proc, agentrl_env, audit, consumed_steps, wait_until
 
-pytestmark = [pytest.mark.soak, pytest.mark.vllm, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.soak, pytest.mark.vllm, pytest.mark.timeout(1500)]
 
 STEPS = 8
 GROUPS_PER_STEP = 2
