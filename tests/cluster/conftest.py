@@ -35,10 +35,13 @@ def start_cluster(cpus_per_node: int = 1) -> RayTestCluster:
     import ray
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True,
-                      head_node_args={"num_cpus": 0, "include_dashboard": False})  # fmt: skip
-    nodes = {name: cluster.add_node(num_cpus=cpus_per_node, resources={name: 1})
-             for name in ("node_a", "node_b")}  # fmt: skip
+    cluster = Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False}
+    )
+    nodes = {
+        name: cluster.add_node(num_cpus=cpus_per_node, resources={name: 1})
+        for name in ("node_a", "node_b")
+    }
     ray.init(address=cluster.address, log_to_driver=False)
     return RayTestCluster(cluster, nodes)
 

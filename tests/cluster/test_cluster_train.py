@@ -90,34 +90,50 @@ def test_train_on_two_nodes_survives_an_inference_actor_kill_and_a_node_loss(
 ) -> None:
     env = agentrl_env(model_cache, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
     config, run_dir = tmp_path / "ray.toml", tmp_path / "run"
-    config.write_text(CONFIG.format(steps=STEPS, groups=GROUPS_PER_STEP,
-                                    address=two_nodes.cluster.address))  # fmt: skip
-    train = Proc([AGENTRL, "train", str(config), f'--run.out="{run_dir}"'],
-                 tmp_path / "train.log", env)  # fmt: skip
+    config.write_text(
+        CONFIG.format(steps=STEPS, groups=GROUPS_PER_STEP, address=two_nodes.cluster.address)
+    )
+    train = Proc(
+        [AGENTRL, "train", str(config), f'--run.out="{run_dir}"'], tmp_path / "train.log", env
+    )
     try:
-        wait_until(lambda: consumed_steps(run_dir) >= 1 and len(alive(run_dir, "inference")) == 2,
-                   "a step with both inference servers up", 600, train)  # fmt: skip
+        wait_until(
+            lambda: consumed_steps(run_dir) >= 1 and len(alive(run_dir, "inference")) == 2,
+            "a step with both inference servers up",
+            600,
+            train,
+        )
         first = placement(run_dir)
         victim = alive(run_dir, "inference")[0]
         os.kill(actor_pid(victim["pid"]), signal.SIGKILL)
         step_at_kill = consumed_steps(run_dir)
-        wait_until(lambda: consumed_steps(run_dir) >= step_at_kill + 2,
-                   "two more steps after the inference actor's kill", 600, train)  # fmt: skip
+        wait_until(
+            lambda: consumed_steps(run_dir) >= step_at_kill + 2,
+            "two more steps after the inference actor's kill",
+            600,
+            train,
+        )
         step_at_node_loss = consumed_steps(run_dir)
         two_nodes.cluster.remove_node(two_nodes.nodes["node_a"])
         rc = train.wait(600)
     finally:
         train.kill()
     end = audit(run_dir)
-    cli = subprocess.run([AGENTRL, "audit", str(run_dir)], capture_output=True, text=True,
-                         timeout=120, env=env)  # fmt: skip
+    cli = subprocess.run(
+        [AGENTRL, "audit", str(run_dir)], capture_output=True, text=True, timeout=120, env=env
+    )
     last = placement(run_dir)
     for fault, step in (
         ("ray: an inference-server actor killed mid-train", step_at_kill),
         ("ray: a whole node removed mid-train", step_at_node_loss),
     ):
-        record_fault(fault, injected=1, survived=int(rc == 0 and end["ok"] and step < STEPS),
-                     lost=len(end["lost"]), trained_twice=len(end["trained_twice"]))  # fmt: skip
+        record_fault(
+            fault,
+            injected=1,
+            survived=int(rc == 0 and end["ok"] and step < STEPS),
+            lost=len(end["lost"]),
+            trained_twice=len(end["trained_twice"]),
+        )
 
     assert rc == 0, train.tail(60)
     assert step_at_node_loss < STEPS, "the node loss came after the last step"

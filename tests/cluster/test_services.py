@@ -42,8 +42,9 @@ pytestmark = pytest.mark.timeout(180)
 
 
 def env_specs(count: int, log_dir: Path) -> list[ServiceSpec]:
-    return [ServiceSpec("env", n, 60.0, str(log_dir), os.getcwd(), env_id=GUESS)
-            for n in range(count)]  # fmt: skip
+    return [
+        ServiceSpec("env", n, 60.0, str(log_dir), os.getcwd(), env_id=GUESS) for n in range(count)
+    ]
 
 
 def health(url: str) -> int:
@@ -70,8 +71,11 @@ async def test_env_server_actors_on_two_nodes_serve_episodes_and_survive_a_kill(
         urls = [h.url for h in handles]
         env = env_config(urls, id=GUESS)
         async with remote_run(client, env, tmp_path / "run", concurrency=32) as (
-            pool, scheduler, runner, queue
-        ):  # fmt: skip
+            pool,
+            scheduler,
+            runner,
+            queue,
+        ):
             running = asyncio.create_task(scheduler.run(tasks_for(GUESS, tasks)), name="run")
             try:
                 await asyncio.wait_for(client.after_turns(40).wait(), 60)
@@ -94,10 +98,13 @@ async def test_env_server_actors_on_two_nodes_serve_episodes_and_survive_a_kill(
             after = services.placement()
             answered = await asyncio.to_thread(health, handles[0].url)
     ids = [t.episode_id for t in run.final]
-    record_fault("ray: 1 of 2 env-server actors killed mid-run", injected=1,
-                 survived=int(all(g.complete for g in run.groups) and len(run.groups) == tasks),
-                 lost=tasks * GROUP_SIZE - len(set(ids)),
-                 trained_twice=len(ids) - len(set(ids)))  # fmt: skip
+    record_fault(
+        "ray: 1 of 2 env-server actors killed mid-run",
+        injected=1,
+        survived=int(all(g.complete for g in run.groups) and len(run.groups) == tasks),
+        lost=tasks * GROUP_SIZE - len(set(ids)),
+        trained_twice=len(ids) - len(set(ids)),
+    )
 
     assert_accounted(run, tasks)
     assert {(t.status, t.reason) for t in run.final} == {("finished", "found it")}
