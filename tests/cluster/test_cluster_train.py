@@ -147,6 +147,11 @@ def test_train_on_two_nodes_survives_an_inference_actor_kill_and_a_node_loss(
     assert end["consumed_steps"] == STEPS
     assert end["trained_tasks"] == STEPS * GROUPS_PER_STEP
     assert "Traceback" not in train.text(), train.tail(60)
+    # Each fault hit its pieces: restarted by Ray, or still restarting when the run ended
+    # (the run does not wait for them: it goes on with the servers that are up).
     by_index = {(p["piece"], p["index"]): p for p in last}
-    assert by_index[("inference", victim["index"])]["restarts"] >= 1, last
-    assert sum(p["restarts"] for p in last) >= 3, last  # the kill, and two pieces on node_a
+    on_node_a = [p for p in first if two_nodes.node_name(p["node_id"]) == "node_a"]
+    for hit in [victim, *on_node_a]:
+        now = by_index[(hit["piece"], hit["index"])]
+        assert now["restarts"] >= 1 or now["state"] != "alive", (hit, now)
+    assert f"inference server {victim['local_url']} is down" in train.text(), train.tail(60)
