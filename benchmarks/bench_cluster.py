@@ -90,6 +90,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--steps", type=int, default=6, help="training steps per run")
     args = parser.parse_args(argv)
     results: dict[str, dict[str, Any]] = {}
+    load_at_start = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="bench-cluster-") as tmp:
         for way in WAYS:
             print(f"  {way}: agentrl train, {args.steps} steps ...", flush=True)
@@ -113,7 +114,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         )
     )
     print(md)
-    save("cluster", {"steps": args.steps}, results, md)
+    # The machine may be shared: its load beside the figures (1-minute average, start/end).
+    settings = {"steps": args.steps, "load_average_1m": [load_at_start, os.getloadavg()[0]]}
+    save("cluster", settings, results, md)
     return results
 
 
