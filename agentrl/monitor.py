@@ -180,6 +180,7 @@ def headline(status: Mapping[str, Any]) -> list[tuple[str, str]]:
                  f"{t.get('training_s', 0.0) / wall:.0%}  weight sync "
                  f"{t.get('publish_s', 0.0) / wall:.0%}  of {wall:.0f} s"),
         *_servers(status.get("servers") or []),
+        *_placement(status.get("placement") or []),
         *_health(status.get("health") or []),
     ]  # fmt: skip
 
@@ -220,6 +221,21 @@ def _servers(servers: list[Mapping[str, Any]]) -> list[tuple[str, str]]:
     parts += [f"{s['url']} DOWN ({str(s.get('reason', ''))[:80]})" for s in servers
               if not s.get("up")]  # fmt: skip
     return [("servers", "  |  ".join(parts))]
+
+
+def _placement(rows: list[Mapping[str, Any]]) -> list[tuple[str, str]]:
+    """One line for the pieces on a Ray cluster: each piece, its node, its state."""
+    if not rows:
+        return []
+    parts = []
+    for r in rows:
+        restarts = int(r.get("restarts") or 0)
+        parts.append(
+            f"{r.get('piece')} {r.get('index')} @ {r.get('node_ip') or '?'} "
+            f"{str(r.get('node_id') or '')[:6]} {r.get('state')}"
+            + (f" ({restarts} restart{'s' if restarts > 1 else ''})" if restarts else "")
+        )
+    return [("cluster", _escape("  |  ".join(parts)))]
 
 
 def render(status: Mapping[str, Any], *, episodes: bool = True, limit: int = 30) -> Any:

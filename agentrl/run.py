@@ -258,6 +258,7 @@ async def train(config: RunConfig, run_dir: Path, *, resume: bool = False,
 async def _train(out: _RunOutput, model_path: str, store: EpisodeStore, display: Any,
                  result: TrainResult, *, resume: bool, accelerator: Any) -> None:  # fmt: skip
     """Build the components (the architecture diagram, left to right) and run them."""
+    from agentrl.cluster.start import start_cluster
     from agentrl.queue import TrajectoryQueue
     from agentrl.rollout import Scheduler
     from agentrl.rollout.controller import RolloutController
@@ -272,8 +273,10 @@ async def _train(out: _RunOutput, model_path: str, store: EpisodeStore, display:
     async with contextlib.AsyncExitStack() as stack:
         if trainer.recorder is not None:
             stack.callback(trainer.recorder.close)
+        cluster = await start_cluster(cfg, out.run_dir, stack, status=status, say=out.reporter.say)
+        out = dataclasses.replace(out, config=(cfg := cluster.config))
         client, pool = await _start_inference(cfg, model_path, out.run_dir / "logs", stack,
-                                              out.reporter)  # fmt: skip
+                                              out.reporter, cluster.managed)  # fmt: skip
         out = await _start_env_servers(out, stack)
         writer = await stack.enter_async_context(StoreWriter(store))
         runner = await open_runner(stack, client, trainer.tokenizer, cfg.rollout,
@@ -323,8 +326,7 @@ async def _train(out: _RunOutput, model_path: str, store: EpisodeStore, display:
 
 
 async def _start_env_servers(out: _RunOutput, stack: contextlib.AsyncExitStack) -> _RunOutput:
-    """With ``[env] url``/``urls``: the env servers' pool, entered in ``stack``; ``out``
-    with its ``make``. Without: ``out`` as it is."""
+    """With ``[env] url``/``urls``: the env servers' pool, in ``stack``; ``out`` with its make."""
     env = out.config.env
     if not env.remote:
         return out
@@ -427,8 +429,7 @@ def _on_step(out: _RunOutput, display: Any,
 async def _evaluate_train_evaluate(out: _RunOutput, client: InferenceClient, trainer: Trainer,
                                    loop: TrainLoop, store: EpisodeStore, result: TrainResult,
                                    periodic: PeriodicEval) -> None:  # fmt: skip
-    """Evaluate (on a fresh run), train to ``train.steps`` (evaluating beside it every
-    ``eval.every`` steps), save the model, evaluate."""
+    """Evaluate (a fresh run), train (evaluating every ``eval.every`` steps), save, evaluate."""
     from agentrl.trainer.checkpoint import save_checkpoint, save_model
 
     cfg, status = out.config, out.status
@@ -450,8 +451,7 @@ async def _evaluate_train_evaluate(out: _RunOutput, client: InferenceClient, tra
 
 
 def _pending_tasks(cfg: RunConfig, store: EpisodeStore) -> Iterator[Task]:
-    """The run's tasks in seed order, less those whose group the store holds as complete
-    (``TrainLoop.restore`` queues them) or trained."""
+    """The run's tasks in seed order, less those the store holds complete (queued) or trained."""
     from agentrl.rollout import tasks_for
 
     states = store.task_states()
@@ -522,10 +522,10 @@ def lora_rank(config: RunConfig) -> int | None:
 
 
 async def _start_inference(cfg: RunConfig, model_path: str, log_dir: Path,
-                           stack: contextlib.AsyncExitStack, reporter: Reporter
-                           ) -> tuple[InferenceClient, ServerPool | None]:  # fmt: skip
+                           stack: contextlib.AsyncExitStack, reporter: Reporter,
+                           managed: Any) -> tuple[InferenceClient, ServerPool | None]:  # fmt: skip
     """The inference client, entered in ``stack``: vLLM in this process, or the servers in
-    inference.servers (or num_servers started here) behind one pool, returned again."""
+    inference.servers (num_servers started here, or ``managed`` by the cluster) in one pool."""
     from agentrl.inference import ServerPool, VLLMEngineClient, VLLMServer
 
     i = cfg.inference
@@ -533,7 +533,7 @@ async def _start_inference(cfg: RunConfig, model_path: str, log_dir: Path,
         engine = await VLLMEngineClient.start(model_path, i, seed=cfg.run.seed, log_dir=log_dir,
                                               max_lora_rank=lora_rank(cfg))  # fmt: skip
         return await stack.enter_async_context(engine), None
-    urls, managed = list(i.servers), {}
+    urls, managed = list(i.servers), dict(managed)
     if not urls:
         started = await asyncio.gather(
             *(VLLMServer.start(model_path, i, seed=cfg.run.seed, max_lora_rank=lora_rank(cfg),

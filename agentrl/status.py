@@ -21,6 +21,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -83,6 +84,8 @@ class RunStatus:
         self._queue: TrajectoryQueue | None = None
         self._loop: TrainLoop | None = None
         self._pool: ServerPool | None = None
+        self.placement: Callable[[], list[dict[str, Any]]] = list
+        """Where each piece runs on a Ray cluster (``[cluster]``; empty on one machine)."""
 
     def attach(self, *, trainer: Trainer, runner: Runner, queue: TrajectoryQueue,
                loop: TrainLoop, pool: ServerPool | None) -> None:  # fmt: skip
@@ -149,6 +152,7 @@ class RunStatus:
                 "label": self.eval_running,
                 "in_flight": len(self._eval_runner.live) if self._eval_runner else 0},
             "servers": self._pool.describe() if self._pool is not None else [],
+            "placement": self.placement(),
             "health": [w.as_dict() for w in self.health.recent],
         }  # fmt: skip
 

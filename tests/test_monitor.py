@@ -58,3 +58,37 @@ def test_top_shows_only_the_metrics_that_apply(
     assert view.count("tool use 0.0%") == 2 and "staleness" in view  # the step's and the eval's
     row = next(line for line in view.splitlines() if "E#1/0" in line)
     assert "tools" in view and " 7 " in row  # the episode's tool calls
+
+
+@pytest.mark.timeout(60)
+def test_top_shows_where_each_piece_runs_on_a_cluster(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "250")
+    status = _status(tools=False, mode="async")
+    write_status(tmp_path, status)
+    assert top(tmp_path, once=True) == 0
+    assert "cluster" not in capsys.readouterr().out  # one machine: no placement line
+    status["placement"] = [
+        {
+            "piece": "inference",
+            "index": 0,
+            "node_id": "3f9a1c00",
+            "node_ip": "10.0.0.5",
+            "state": "alive",
+            "restarts": 0,
+        },
+        {
+            "piece": "env",
+            "index": 1,
+            "node_id": "77be0200",
+            "node_ip": "10.0.0.6",
+            "state": "restarting",
+            "restarts": 2,
+        },
+    ]
+    write_status(tmp_path, status)
+    assert top(tmp_path, once=True) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if "cluster" in line)
+    assert "inference 0 @ 10.0.0.5 3f9a1c alive" in row, row
+    assert "env 1 @ 10.0.0.6 77be02 restarting (2 restarts)" in row, row

@@ -1,0 +1,127 @@
+"""Joining Ray, and the record of where each piece runs.
+
+:func:`open_ray` connects this process to the cluster ``cluster.address`` names
+("auto": the one ``ray start`` set up on this machine; "HOST:PORT": that cluster;
+"local": a one-machine Ray started for this run, its dashboard off, bound to 127.0.0.1)
+and, on leaving, shuts down only what it started. A process already connected (a test
+that built its own cluster) is used as it is.
+
+:class:`Placement` is one piece's row in ``status.json`` ("placement"): the piece, its
+index, the node it runs on (id and IP), its server's URL there, its state (``starting``,
+``alive``, ``restarting``, ``dead``) and how often Ray restarted it.
+
+Ray is imported only here and in the modules beside this one, when a run asks for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any, Literal
+
+from agentrl.config.cluster import ClusterConfig
+from agentrl.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+RAY_MISSING = 'cluster.backend = "ray" needs the ray extra: pip install agentrl[ray]'
+PieceState = Literal["starting", "alive", "restarting", "dead"]
+
+
+def import_ray(*, loopback: bool = False) -> Any:
+    """The ``ray`` module, or a :class:`ConfigError` saying how to install it.
+
+    ``loopback``: keep a Ray started by this process on 127.0.0.1 (Ray reads this
+    setting when it is first imported).
+    """
+    if loopback:
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    try:
+        import ray
+    except ImportError as e:
+        raise ConfigError(RAY_MISSING) from e
+    return ray
+
+
+@contextlib.contextmanager
+def open_ray(cluster: ClusterConfig, *, num_cpus: int | None = None) -> Iterator[Any]:
+    """Connect to the cluster ``cluster.address`` names; yield the ``ray`` module.
+
+    ``num_cpus``: with address "local", the CPUs the one-machine Ray offers (at least
+    this machine's); ignored when joining a cluster.
+    """
+    local = cluster.address == "local"
+    ray = import_ray(loopback=local)
+    if ray.is_initialized():
+        yield ray
+        return
+    if local:
+        cpus = max(os.cpu_count() or 1, num_cpus or 0)
+        ray.init(
+            address="local",
+            include_dashboard=False,
+            _node_ip_address="127.0.0.1",
+            num_cpus=cpus,
+            log_to_driver=False,
+            configure_logging=False,
+        )
+    else:
+        try:
+            ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+        except ConnectionError as e:
+            raise ConfigError(
+                f"cluster.address = {cluster.address!r}: no Ray cluster answers there ({e}); "
+                'start one (`ray start --head`) or set cluster.address = "local"'
+            ) from e
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+def resource_options(resources: Mapping[str, float]) -> dict[str, Any]:
+    """Ray actor options for a ``cluster.*_resources`` table (default: one CPU)."""
+    table = dict(resources) or {"CPU": 1.0}
+    custom = {k: float(v) for k, v in table.items() if k not in ("CPU", "GPU")}
+    return {
+        "num_cpus": float(table.get("CPU", 0.0)),
+        "num_gpus": float(table.get("GPU", 0.0)),
+        "resources": custom,
+    }
+
+
+def cpus_needed(cluster: ClusterConfig) -> int:
+    """The CPUs the services of ``cluster`` ask for in all (for a one-machine Ray)."""
+    inference = resource_options(cluster.inference_resources)["num_cpus"]
+    env = resource_options(cluster.env_resources)["num_cpus"]
+    return int(cluster.inference_servers * inference + cluster.env_servers * env + 0.999)
+
+
+@dataclasses.dataclass(slots=True)
+class Placement:
+    """Where one piece of the run is: one row of ``status.json``'s "placement"."""
+
+    piece: str
+    """"inference" or "env" (the other helpers' pieces add "worker", "trainer")."""
+    index: int
+    node_id: str = ""
+    node_ip: str = ""
+    url: str = ""
+    """The piece's server on its node (the run reaches it through ``local_url``)."""
+    local_url: str = ""
+    """The stable address the run's pools use (a relay in this process)."""
+    pid: int = 0
+    """The server process on its node."""
+    state: PieceState = "starting"
+    restarts: int = 0
+    """How often Ray started the piece again after it died."""
+    reason: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+__all__ = ["RAY_MISSING", "Placement", "import_ray", "open_ray", "resource_options"]

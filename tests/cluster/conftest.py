@@ -1,0 +1,64 @@
+"""A real two-node Ray cluster on this machine (Ray's own test utilities, loopback only).
+
+The head offers no CPUs, so every actor lands on one of the two worker nodes; each node
+offers one CPU and a resource of its own ({"node_a": 1}, {"node_b": 1}), so where an
+actor ran is checkable. The cluster is shut down by the fixture's finalizer whatever
+the test did.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+# Ray reads this when first imported: keep every address of the test cluster on 127.0.0.1.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
+
+@dataclass
+class RayTestCluster:
+    """The running cluster: Ray's ``Cluster`` and its two worker nodes."""
+
+    cluster: Any
+    nodes: dict[str, Any]
+    """"node_a" / "node_b" -> the node (its ``node_id``)."""
+
+    def node_name(self, node_id: str) -> str:
+        return next(name for name, n in self.nodes.items() if n.node_id == node_id)
+
+
+def start_cluster(cpus_per_node: int = 1) -> RayTestCluster:
+    import ray
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False}
+    )
+    nodes = {
+        name: cluster.add_node(num_cpus=cpus_per_node, resources={name: 1})
+        for name in ("node_a", "node_b")
+    }
+    ray.init(address=cluster.address, log_to_driver=False)
+    return RayTestCluster(cluster, nodes)
+
+
+def stop_cluster(tc: RayTestCluster) -> None:
+    import ray
+
+    try:
+        ray.shutdown()
+    finally:
+        tc.cluster.shutdown()
+
+
+@pytest.fixture
+def ray_cluster() -> Iterator[RayTestCluster]:
+    tc = start_cluster()
+    try:
+        yield tc
+    finally:
+        stop_cluster(tc)
