@@ -43,7 +43,10 @@ API_MODULES = [
         ],
     ),
     ("Values and errors", ["agentrl.types", "agentrl.errors", "agentrl.protocols"]),
-    ("Configuration", ["agentrl.config.loader", "agentrl.config.sections"]),
+    (
+        "Configuration",
+        ["agentrl.config.loader", "agentrl.config.sections", "agentrl.config.training"],
+    ),
     ("Inference", ["agentrl.inference"]),
     (
         "Rollouts",
