@@ -135,8 +135,13 @@ def paired_ratio(values: Sequence[float], baseline: Sequence[float], *, resample
             "rounds": len(ratios)}  # fmt: skip
 
 
-def save(name: str, settings: dict[str, Any], results: Any, markdown: str) -> Path:
+def save(
+    name: str, settings: dict[str, Any], results: Any, markdown: str, *, markdown_file: bool = False
+) -> Path:
+    """Write ``results/NAME.json`` (and with ``markdown_file`` the table as ``NAME.md``)."""
     RESULTS.mkdir(exist_ok=True)
+    if markdown_file:
+        (RESULTS / f"{name}.md").write_text(markdown + "\n")
     path = RESULTS / f"{name}.json"
     payload = {"benchmark": name, "when": time.strftime("%Y-%m-%d %H:%M:%S"),
                "machine": machine(), "settings": settings, "results": results,
