@@ -19,7 +19,9 @@ gradient clipping and one AdamW step.
 Reported per step: loss, clip fraction, IS weight min/mean/max, the fraction of tokens
 the off-policy masks dropped (in all and per mask), the trainer-vs-vLLM logprob gap on
 the freshest tokens (sampled by the version being trained), token staleness
-min/mean/max in versions, tokens trained and the gradient norm.
+min/mean/max in versions, tokens trained and the gradient norm
+(:class:`~agentrl.trainer.stepstats.StepStats`, totalled over the micro-steps by
+:class:`~agentrl.trainer.stepstats.StepTally`).
 
 The heavy work runs in a worker thread (``asyncio.to_thread``); call
 :meth:`Trainer.pin` once in that thread to keep it off vLLM's core on small machines.
