@@ -68,6 +68,7 @@ STAGES: list[tuple[str, list[tuple[str, str, str, str]]]] = [
     ("checkpoint", [("agentrl/rollout/runner.py", "_checkpoint", "", "")]),
     ("store write", [("agentrl/store/writer.py", "_apply", "", "")]),
     ("validation", [("agentrl/types.py", "validate", "", ""),
+                    ("agentrl/types/trajectory.py", "validate", "", ""),
                     ("agentrl/inference/base.py", "__post_init__", "", "")]),
 ]  # fmt: skip
 
