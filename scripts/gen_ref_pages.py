@@ -43,10 +43,7 @@ API_MODULES = [
         ],
     ),
     ("Values and errors", ["agentrl.types", "agentrl.errors", "agentrl.protocols"]),
-    (
-        "Configuration",
-        ["agentrl.config.loader", "agentrl.config.sections", "agentrl.config.training"],
-    ),
+    ("Configuration", ["agentrl.config.loader", "agentrl.config.sections"]),
     ("Inference", ["agentrl.inference"]),
     (
         "Rollouts",
@@ -62,6 +59,7 @@ API_MODULES = [
         "Training",
         [
             "agentrl.trainer.trainer",
+            "agentrl.trainer.stepstats",
             "agentrl.trainer.loop",
             "agentrl.trainer.publish",
             "agentrl.trainer.losses",

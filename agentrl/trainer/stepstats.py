@@ -24,6 +24,9 @@ from agentrl.types import Group
 
 @dataclasses.dataclass(slots=True)
 class StepStats:
+    """One optimizer step's record: what the training loop logs (``metrics.jsonl``, kind
+    ``train``) and the health rules read. Fractions are of the tokens trained."""
+
     step: int
     version: int
     loss: float
