@@ -72,6 +72,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+
 @dataclasses.dataclass
 class TrainResult:
     run_dir: Path
