@@ -267,10 +267,9 @@ def main() -> int:
     plot(results, corrections, png)
     total = time.perf_counter() - started
     md += f"\n\n{len(grid)} runs, {total:.0f} s in all; curves: `{png.name}`."
-    (RESULTS / "ablation.md").write_text(md + "\n")
     settings = {"tasks": tasks, "staleness": stales, "corrections": corrections,
                 "steps": args.steps, "seed": args.seed, "overrides": CORRECTIONS}  # fmt: skip
-    save("ablation", settings, results, md)
+    save("ablation", settings, results, md, markdown_file=True)
     print(md)
     print(json.dumps({"plot": str(png)}))
     return 0

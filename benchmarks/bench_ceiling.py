@@ -68,6 +68,7 @@ STAGES: list[tuple[str, list[tuple[str, str, str, str]]]] = [
     ("checkpoint", [("agentrl/rollout/runner.py", "_checkpoint", "", "")]),
     ("store write", [("agentrl/store/writer.py", "_apply", "", "")]),
     ("validation", [("agentrl/types.py", "validate", "", ""),
+                    ("agentrl/types/trajectory.py", "validate", "", ""),
                     ("agentrl/inference/base.py", "__post_init__", "", "")]),
 ]  # fmt: skip
 
@@ -157,6 +158,62 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+async def _start_runner(
+    stack: contextlib.AsyncExitStack,
+    client: Any,
+    tokenizer: Any,
+    rollout: Any,
+    metrics: Any,
+    checkpoint: Any,
+    workers: int,
+) -> tuple[Any, tuple[int, ...]] | None:
+    """The runner of a case and its worker processes' pids: ``workers`` rollout worker
+    processes when more than one (None on a tree without them), else one EpisodeRunner."""
+    import dataclasses
+
+    from agentrl.rollout import EpisodeRunner
+
+    if workers <= 1:
+        runner = EpisodeRunner(client, tokenizer, rollout, metrics=metrics, checkpoint=checkpoint)
+        return runner, ()
+    try:
+        from agentrl.rollout.workers import WorkerRunner
+    except ImportError:  # an older tree (--compare)
+        return None
+    rollout = dataclasses.replace(rollout, workers=workers)
+    runner = await stack.enter_async_context(
+        WorkerRunner(
+            client,
+            tokenizer,
+            rollout,
+            metrics=metrics,
+            checkpoint=checkpoint,
+            imports=["benchmarks.common"],
+        )
+    )
+    pids = getattr(runner, "pids", None)
+    if pids is None:  # an older tree
+        pids = tuple(w.process.pid for w in runner._workers)
+    return runner, pids
+
+
+def _check_counts(queue: Any, db: Any, case: tuple[int, int, int], warmup: bool) -> int:
+    """The tokens sampled in the measured wave, checked against the case; the store (if
+    any) closed after checking it holds every wave's trajectories."""
+    episodes, turns, tokens = case
+    trajectories = [t for g in queue._groups for t in g.trajectories]
+    sampled = sum(int(t.loss_mask.sum()) for t in trajectories)
+    if sampled != episodes * turns * tokens:
+        raise RuntimeError(f"sampled {sampled} tokens, expected {episodes * turns * tokens}")
+    if db is not None:
+        stored = sum(1 for _ in db.all_trajectories())
+        db.close()
+        expected = episodes * (2 if warmup else 1)
+        if stored != expected:
+            raise RuntimeError(f"the store holds {stored} trajectories, expected {expected}")
+    return sampled
+
+
 async def one_run(tokenizer: Any, case: tuple[int, int, int], store: bool, tmp: Path,
                   workers: int = 1, warmup: bool = True) -> dict[str, Any] | None:  # fmt: skip
     """One case; with ``workers`` > 1 through that many rollout worker processes (None on
@@ -168,11 +225,10 @@ async def one_run(tokenizer: Any, case: tuple[int, int, int], store: bool, tmp: 
     processes building their env threads and their first renderings), and its turns/s is
     reported apart.
     """
-    import dataclasses
 
     from agentrl.metrics import LoopLagMonitor, Metrics
     from agentrl.queue import TrajectoryQueue
-    from agentrl.rollout import EpisodeRunner, RolloutConfig, Scheduler, tasks_for
+    from agentrl.rollout import RolloutConfig, Scheduler, tasks_for
     from agentrl.store import EpisodeStore, StoreWriter
 
     episodes, turns, tokens = case
@@ -185,23 +241,12 @@ async def one_run(tokenizer: Any, case: tuple[int, int, int], store: bool, tmp: 
     async with contextlib.AsyncExitStack() as stack:
         writer = await stack.enter_async_context(StoreWriter(db)) if db is not None else None
         checkpoint = writer.partial if writer else None
-        if workers > 1:
-            try:
-                from agentrl.rollout.workers import WorkerRunner
-            except ImportError:  # an older tree (--compare)
-                return None
-            rollout = dataclasses.replace(rollout, workers=workers)
-            runner: Any = await stack.enter_async_context(
-                WorkerRunner(client, tokenizer, rollout, metrics=metrics, checkpoint=checkpoint,
-                             imports=["benchmarks.common"])
-            )  # fmt: skip
-            pids = getattr(runner, "pids", None)
-            if pids is None:  # an older tree
-                pids = tuple(w.process.pid for w in runner._workers)
-        else:
-            runner = EpisodeRunner(client, tokenizer, rollout, metrics=metrics,
-                                   checkpoint=checkpoint)  # fmt: skip
-            pids = ()
+        started = await _start_runner(
+            stack, client, tokenizer, rollout, metrics, checkpoint, workers
+        )
+        if started is None:  # an older tree (--compare) without rollout workers
+            return None
+        runner, pids = started
 
         async def wave(first_seed: int) -> TrajectoryQueue:
             queue = TrajectoryQueue(episodes + 1)
@@ -226,16 +271,7 @@ async def one_run(tokenizer: Any, case: tuple[int, int, int], store: bool, tmp: 
         wall, main_cpu = time.perf_counter() - t0, time.process_time() - cpu0
         workers_cpu = sum(process_cpu_s(p) for p in pids) - workers_cpu0
     cpu = main_cpu + workers_cpu
-    trajectories = [t for g in queue._groups for t in g.trajectories]
-    sampled = sum(int(t.loss_mask.sum()) for t in trajectories)
-    if sampled != episodes * turns * tokens:
-        raise RuntimeError(f"sampled {sampled} tokens, expected {episodes * turns * tokens}")
-    if db is not None:
-        stored = sum(1 for _ in db.all_trajectories())
-        db.close()
-        expected = episodes * (2 if warmup else 1)
-        if stored != expected:
-            raise RuntimeError(f"the store holds {stored} trajectories, expected {expected}")
+    sampled = _check_counts(queue, db, case, warmup)
     n_turns = episodes * turns
     return {"turns_per_s": n_turns / wall, "tokens_per_s": sampled / wall, "wall_s": wall,
             "cpu_us_per_turn": cpu / n_turns * 1e6,
@@ -483,10 +519,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         result = measure(args, trees)
     md = markdown(result, args)
     print(md, flush=True)
-    from benchmarks.common import RESULTS, save
+    from benchmarks.common import save
 
-    save("ceiling", {k: v for k, v in vars(args).items() if k != "worker"}, result, md)
-    (RESULTS / "ceiling.md").write_text(md + "\n")
+    settings = {k: v for k, v in vars(args).items() if k != "worker"}
+    save("ceiling", settings, result, md, markdown_file=True)
     return result
 
 

@@ -16,14 +16,13 @@ import argparse
 import math
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import save, table
+from benchmarks.common import save, table, timed
 
 
 def _trajectory(rng: np.random.Generator, task: int, index: int, vocab: int) -> object:
@@ -81,9 +80,7 @@ def main() -> int:
         for name, lend in (("one core", None), ("every core", lambda: True)):
             trainer.lend_cores = lend
             trainer.pin()
-            t0 = time.perf_counter()
-            trainer.train_step(groups)
-            times[name].append(time.perf_counter() - t0)
+            times[name].append(timed(lambda: trainer.train_step(groups))[0])
     one, every = statistics.median(times["one core"]), statistics.median(times["every core"])
     rows = [[name, statistics.median(v), tokens / statistics.median(v)]
             for name, v in times.items()]  # fmt: skip

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,7 @@ import numpy as np
 from agentrl.config import HealthConfig
 from agentrl.health import HealthWatch, default_rules, step_signals
 from agentrl.types import Group, Task, TokenSpan, Trajectory
-from benchmarks.common import save, table
+from benchmarks.common import repeat, save, table
 
 DEMO_STEP_S = 290 / 30
 """The calculator demo's seconds per RL step (README: 30 steps in 290 s, 2 CPU cores)."""
@@ -64,14 +63,9 @@ def demo_groups(rng: np.random.Generator, groups: int = 16, size: int = 8) -> li
     return out
 
 
-def timed(fn: Any, repeat: int) -> float:
-    """Median seconds of one call of ``fn`` over ``repeat`` timings."""
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+def timed(fn: Any, times: int) -> float:
+    """Median seconds of one call of ``fn`` over ``times`` timings."""
+    return statistics.median(repeat(fn, times))
 
 
 def measure(steps: int, repeat: int) -> dict[str, float]:

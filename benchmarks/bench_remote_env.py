@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 import envs  # noqa: E402,F401  (registers the shipped envs)
 from agentrl.env import EnvHandle, make_env  # noqa: E402
 from agentrl.remote import EnvServerPool  # noqa: E402
-from benchmarks.common import save, table  # noqa: E402
+from benchmarks.common import quantile, save, table  # noqa: E402
 
 ENVS: dict[str, tuple[dict[str, Any], str]] = {
     "bench/Echo-v0": ({"turns": 10**9}, "hello"),
@@ -44,11 +44,6 @@ ENVS: dict[str, tuple[dict[str, Any], str]] = {
 }
 """Env id: (kwargs, the action every step sends)."""
 WARMUP_STEPS = 50
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def free_port() -> int:
@@ -136,7 +131,7 @@ def main(argv: list[str] | None = None) -> dict:
             times = asyncio.run(measure(env_id, url, args.steps))
         figures = {f"{way}_{name}_us": 1e6 * fn(times[way]) for way in ("local", "remote")
                    for name, fn in (("p50", statistics.median),
-                                    ("p99", lambda v: percentile(v, 0.99)))}  # fmt: skip
+                                    ("p99", lambda v: quantile(v, 0.99)))}  # fmt: skip
         results[env_id] = figures
         p50 = figures["remote_p50_us"] - figures["local_p50_us"]
         p99 = figures["remote_p99_us"] - figures["local_p99_us"]

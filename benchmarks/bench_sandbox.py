@@ -24,15 +24,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agentrl.sandbox import MECHANISMS, SandboxLimits, SandboxPolicy, probe, run_python
-from benchmarks.common import save, table
+from benchmarks.common import quantile, save, table
 
 PROGRAM = "print(1)"
 LIMITS = SandboxLimits()
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 async def one_call(mechanism: str) -> float:
@@ -72,10 +67,10 @@ async def measure(mechanisms: list[str], args: argparse.Namespace) -> dict[str, 
     for m in mechanisms:
         rows[m] = {
             "p50_ms": 1000 * statistics.median(serial[m]),
-            "p99_ms": 1000 * percentile(serial[m], 0.99),
+            "p99_ms": 1000 * quantile(serial[m], 0.99),
             "calls_per_s": args.rounds * args.concurrent / walls[m],
             "loaded_p50_ms": 1000 * statistics.median(loaded[m]),
-            "loaded_p99_ms": 1000 * percentile(loaded[m], 0.99),
+            "loaded_p99_ms": 1000 * quantile(loaded[m], 0.99),
         }
         print(f"  {m}: p50 {rows[m]['p50_ms']:.0f} ms, p99 {rows[m]['p99_ms']:.0f} ms, "
               f"{rows[m]['calls_per_s']:.1f} calls/s at {args.concurrent} at once",

@@ -28,7 +28,7 @@ from agentrl.models import resolve_model
 from agentrl.trainer.tokenrecord import RECORD_FILE, TokenRecorder
 from agentrl.trainer.trainer import Trainer
 from agentrl.types import Group, Task, TokenSpan, Trajectory
-from benchmarks.common import save, table
+from benchmarks.common import save, table, timed
 
 
 def group(rows: int, tokens: int, step: int) -> Group:
@@ -71,9 +71,8 @@ def main() -> int:
         for r in range(2 * args.rounds):
             mode = "on" if r % 2 else "off"
             trainer.recorder = recorder if mode == "on" else None
-            started = time.perf_counter()
-            trainer.train_step([group(args.rows, args.tokens, r)])
-            times[mode].append(time.perf_counter() - started)
+            batch = [group(args.rows, args.tokens, r)]
+            times[mode].append(timed(lambda b=batch: trainer.train_step(b))[0])
         recorder.close()
         size = (Path(tmp) / RECORD_FILE).stat().st_size
     trained = args.rounds * args.rows * (args.tokens - 1)

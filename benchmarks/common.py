@@ -1,24 +1,27 @@
-"""Shared parts of the benchmarks: machine facts, result files, Markdown tables, envs.
+"""The benchmarks' one harness: timing, repetition, result files, tables, envs.
 
 Every benchmark prints a Markdown table and writes ``benchmarks/results/NAME.json``
-with the machine, the package versions and the settings it ran with. Figures that are
-compared are measured side by side in the same process, one after the other, so a
-noisy machine moves both.
+(:func:`save`) with the machine, the package versions and the settings it ran with.
+Figures that are compared are measured side by side in the same process, one after the
+other, so a noisy machine moves both; :func:`paired_ratio` compares such rounds. A
+measurement is timed with :func:`timed` / :func:`timed_async`, repeated with
+:func:`repeat`, and summarised with :func:`quantile` (or ``statistics.median``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import platform
 import random
 import statistics
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from agentrl.cli import end_quietly, quiet_vllm
 from agentrl.env import AsyncTextEnv, register_env
@@ -26,6 +29,7 @@ from agentrl.env import AsyncTextEnv, register_env
 quiet_vllm()  # only vLLM's errors: the tables are the output
 
 RESULTS = Path(__file__).resolve().parent / "results"
+T = TypeVar("T")
 
 
 def machine() -> dict[str, Any]:
@@ -69,6 +73,34 @@ def machine() -> dict[str, Any]:
             "python": platform.python_version(), "agentrl_commit": rev, **versions}  # fmt: skip
 
 
+def timed(fn: Callable[[], T]) -> tuple[float, T]:
+    """Wall seconds of one call of ``fn``, and what it returned."""
+    started = time.perf_counter()
+    result = fn()
+    return time.perf_counter() - started, result
+
+
+async def timed_async(fn: Callable[[], Awaitable[T]]) -> tuple[float, T]:
+    """Wall seconds of one awaited call of ``fn``, and what it returned."""
+    started = time.perf_counter()
+    result = await fn()
+    return time.perf_counter() - started, result
+
+
+def repeat(fn: Callable[[], Any], times: int) -> list[float]:
+    """Wall seconds of each of ``times`` calls of ``fn``, one after the other."""
+    return [timed(fn)[0] for _ in range(times)]
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile of ``values`` by nearest rank (index ``round(q * (n - 1))`` of
+    the sorted values, no interpolation); NaN when there are none."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     def cell(v: Any) -> str:
         if isinstance(v, float):
@@ -103,8 +135,13 @@ def paired_ratio(values: Sequence[float], baseline: Sequence[float], *, resample
             "rounds": len(ratios)}  # fmt: skip
 
 
-def save(name: str, settings: dict[str, Any], results: Any, markdown: str) -> Path:
+def save(
+    name: str, settings: dict[str, Any], results: Any, markdown: str, *, markdown_file: bool = False
+) -> Path:
+    """Write ``results/NAME.json`` (and with ``markdown_file`` the table as ``NAME.md``)."""
     RESULTS.mkdir(exist_ok=True)
+    if markdown_file:
+        (RESULTS / f"{name}.md").write_text(markdown + "\n")
     path = RESULTS / f"{name}.json"
     payload = {"benchmark": name, "when": time.strftime("%Y-%m-%d %H:%M:%S"),
                "machine": machine(), "settings": settings, "results": results,

@@ -59,6 +59,7 @@ API_MODULES = [
         "Training",
         [
             "agentrl.trainer.trainer",
+            "agentrl.trainer.stepstats",
             "agentrl.trainer.loop",
             "agentrl.trainer.publish",
             "agentrl.trainer.losses",

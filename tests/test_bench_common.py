@@ -53,3 +53,52 @@ def test_paired_ratio_interval_covers_the_true_median_about_95_in_100_times() ->
         r = paired_ratio(ratios, [1.0] * 31, resamples=500, seed=trial)
         covered += r["low"] <= 0.93 <= r["high"]
     assert 0.88 * 200 <= covered <= 0.985 * 200, covered  # a min-max span covers ~all
+
+
+def test_quantile_is_the_nearest_rank_and_nan_without_values() -> None:
+    import math
+
+    from benchmarks.common import quantile
+
+    values = [5.0, 1.0, 4.0, 2.0, 3.0]
+    assert [quantile(values, q) for q in (0.0, 0.5, 0.99, 1.0)] == [1.0, 3.0, 5.0, 5.0]
+    assert quantile([7.0], 0.9) == 7.0
+    assert math.isnan(quantile([], 0.5))
+
+
+def test_repeat_and_timed_measure_each_call() -> None:
+    import asyncio
+    import time
+
+    from benchmarks.common import repeat, timed, timed_async
+
+    calls = []
+    seconds = repeat(lambda: (calls.append(1), time.sleep(0.01)), 3)
+    assert len(seconds) == 3 == len(calls) and all(s >= 0.01 for s in seconds)
+    took, value = timed(lambda: "done")
+    assert value == "done" and 0 <= took < 1
+
+    async def later() -> int:
+        await asyncio.sleep(0.01)
+        return 4
+
+    took, value = asyncio.run(timed_async(later))
+    assert value == 4 and took >= 0.01
+
+
+def test_save_writes_the_result_file_and_the_markdown_when_asked(tmp_path, monkeypatch) -> None:
+    import json
+
+    import benchmarks.common as common
+
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    monkeypatch.setattr(common, "end_quietly", lambda: None)  # keep this process's output
+    monkeypatch.setattr(common, "machine", lambda: {"cpu": "test"})  # no torch/vLLM import
+    path = common.save("demo", {"rounds": 3}, {"ratio": 0.97}, "| a |", markdown_file=True)
+    saved = json.loads(path.read_text())
+    assert path == tmp_path / "demo.json"
+    assert set(saved) == {"benchmark", "when", "machine", "settings", "results", "markdown"}
+    assert (saved["settings"], saved["results"]) == ({"rounds": 3}, {"ratio": 0.97})
+    assert (tmp_path / "demo.md").read_text() == "| a |\n"
+    common.save("plain", {}, {}, "| b |")
+    assert not (tmp_path / "plain.md").exists()

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from benchmarks.bench_overhead import Burner, RequestTimes, burn, raw_round
+from benchmarks.overhead_paths import Burner, RequestTimes, burn, raw_round
 
 
 def test_burn_spends_the_cpu_asked_for_in_the_calling_thread() -> None:
@@ -187,3 +187,80 @@ def test_raw_rounds_replay_another_paths_request_timing() -> None:
         _raw(engine, timer, 4, 3, timing=timing, gap_s=0.01)
     with pytest.raises(ValueError, match="3 delays for each of the 4"):
         _raw(engine, timer, 4, 3, timing=timing[:3])
+
+
+def _shape(value: object) -> object:
+    """Keys all the way down (a list by its first item): what a result file holds."""
+    if isinstance(value, dict):
+        return {k: _shape(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_shape(value[0])] if value and isinstance(value[0], dict | list) else []
+    return "number" if isinstance(value, int | float) and not isinstance(value, bool) else value
+
+
+def _filled(args) -> object:
+    """Figures of ``args.rounds`` made-up rounds of every path ``args`` asks for."""
+    from benchmarks.bench_overhead import Figures, _raw_variants
+
+    keys = ["raw", "platform", *(f"{k} workers" for k in args.workers)]
+    keys += ["without store"] * args.without_store + [k for k, _l, _kw in _raw_variants(args)]
+    keys += ["replay timing"] * args.replay_timing
+    keys += ["every core raw", "every core platform"] * args.every_core
+    figures = Figures()
+    gaps = {"gap_p50_ms": 1.0, "gap_p90_ms": 2.0, "first_request_ms": 3.0}
+    for r in range(args.rounds):
+        for i, key in enumerate(keys):
+            figures.add(key, 6144, 1.0 + 0.01 * (r + i), 0.5, gaps)
+            figures.steps[key].append(100 + r)
+    return figures
+
+
+def test_the_result_file_keeps_the_shape_of_the_recorded_one() -> None:
+    """The summary of made-up rounds, with the settings of the recorded run, has exactly
+    the keys of ``benchmarks/results/overhead.json``; with every diagnostic asked for,
+    each has its figures and its table row."""
+    import argparse
+    import json
+
+    from benchmarks.bench_overhead import parse_args, summarize
+    from benchmarks.common import RESULTS
+    from benchmarks.overhead_report import report
+
+    recorded = json.loads((RESULTS / "overhead.json").read_text())
+    args = argparse.Namespace(**{**recorded["settings"], "rounds": 5})
+    placement = {"this_process_cores": [1], "vllm_worker_cores": [0]}
+    result = summarize(args, _filled(args), placement)
+    assert _shape(result) == _shape(recorded["results"])
+
+    every = parse_args(
+        [
+            "--rounds",
+            "5",
+            "--workers",
+            "2",
+            "--calibrate",
+            "50",
+            "--spread-start",
+            "10",
+            "--idle-gap",
+            "5",
+            "--replay-timing",
+            "--every-core",
+            "--without-store",
+        ]
+    )
+    result = summarize(every, _filled(every), placement)
+    assert set(result["workers"]) == {"2"} and result["without_store"] is not None
+    assert [c["in_thread"] for c in result["calibration"]] == [False, True]
+    assert result["replay_timing"] and result["every_core"]["platform"]["ratio"] > 0
+    md = report(every, result)
+    for label in (
+        "2 rollout worker processes",
+        "no store",
+        "every core",
+        "50 us of CPU",
+        "spread over 10 ms",
+        "5 ms idle",
+        "replaying the platform's request timing",
+    ):
+        assert label in md, label

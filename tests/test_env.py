@@ -42,7 +42,7 @@ def test_env_threads_reaching_make_env_at_once_scan_the_plugins_once(monkeypatch
     import threading
     import time
 
-    import agentrl.env as env_module
+    import agentrl.env.registry as env_module
 
     env_id = "user/PluginScanned-v0"
     scans: list[int] = []

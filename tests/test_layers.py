@@ -50,15 +50,15 @@ BREAKS = {
         "agentrl layers", "agentrl.inference.pool -> agentrl.rollout.runner",
     ),
     "ground imports up": (
-        "types.py", "import agentrl.store",
-        "agentrl layers", "agentrl.types -> agentrl.store",
+        "types/values.py", "import agentrl.store",
+        "agentrl layers", "agentrl.types.values -> agentrl.store",
     ),
     "module without a layer": (
         "unplaced.py", "x = 1",
         "agentrl layers", "agentrl.unplaced",
     ),
     "library imports envs": (
-        "env.py", "import envs",
+        "env/__init__.py", "import envs",
         "agentrl never imports", "agentrl.env -> envs",
     ),
     "sibling cycle": (

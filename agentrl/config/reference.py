@@ -3,6 +3,7 @@
 ``agentrl config --defaults`` prints :func:`defaults_toml`; the docs site's reference is
 built from the same tree (``scripts/gen_ref_pages.py``, ``tests/docs/test_reference.py``).
 The docs are the strings written under each field in :mod:`agentrl.config.sections`
+(and :mod:`~agentrl.config.training`, :mod:`~agentrl.config.health`, ...)
 (read from the source with :mod:`ast`, so the classes stay plain dataclasses).
 """
 
@@ -17,7 +18,7 @@ import textwrap
 import typing
 from typing import Any
 
-from agentrl.config import cluster, health, sections
+from agentrl.config import cluster, health, sections, training
 from agentrl.config.loader import RunConfig, _toml_value
 
 
@@ -25,7 +26,7 @@ from agentrl.config.loader import RunConfig, _toml_value
 def field_docs() -> dict[tuple[str, str], str]:
     """``(class name, field name) -> doc`` for every documented field of the tree."""
     docs: dict[tuple[str, str], str] = {}
-    for module in (sections, health, cluster, inspect.getmodule(RunConfig)):
+    for module in (sections, training, health, cluster, inspect.getmodule(RunConfig)):
         tree = ast.parse(inspect.getsource(module))  # type: ignore[arg-type]
         for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
             body = cls.body

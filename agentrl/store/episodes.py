@@ -22,6 +22,12 @@ from typing import Any
 
 from agentrl.errors import StoreError
 from agentrl.store.audit import audit_store, store_stats
+from agentrl.store.listing import (
+    EPISODES_SQL,
+    episode_filter,
+    summarize_unfinished,
+    within_version_span,
+)
 from agentrl.store.schema import (
     RUN_ORIGIN,
     STORE_FILE,
@@ -334,38 +340,14 @@ class EpisodeStore:
         limit: int | None = None,
     ) -> list[dict[str, Any]]:
         """Episode attempts with their state and token summary, filtered."""
-        where, args = _episode_filter(state, env_id, min_reward, max_reward)
-        sql = (
-            "SELECT e.*, COALESCE(SUM(t.num_tokens), 0) AS tokens, "
-            "COALESCE(SUM(t.num_sampled), 0) AS sampled, MIN(NULLIF(t.min_version, -1)) AS "
-            "v_min, MAX(t.max_version) AS v_max, p.version AS paused_version "
-            "FROM episodes e LEFT JOIN trajectories t ON t.episode_id = e.episode_id "
-            "AND t.attempt = e.attempt LEFT JOIN partials p ON p.episode_id = e.episode_id "
-            "AND p.attempt = e.attempt"
-            + (" WHERE " + " AND ".join(where) if where else "")
-            + " GROUP BY e.episode_id, e.attempt ORDER BY e.updated_at"
-        )
+        where, args = episode_filter(state, env_id, min_reward, max_reward)
+        sql = EPISODES_SQL.format(where=" WHERE " + " AND ".join(where) if where else "")
         rows = [dict(r) for r in self._query(sql, args)]
         for r in rows:
             if r["state"] in ("running", "paused"):
-                self._summarize_unfinished(r)
-        if min_version_span is not None:
-            rows = [
-                r for r in rows
-                if r["v_min"] is not None and r["v_max"] - r["v_min"] >= min_version_span
-            ]  # fmt: skip
+                summarize_unfinished(r, self.partial(r["episode_id"]))
+        rows = within_version_span(rows, min_version_span)
         return rows[:limit] if limit is not None else rows
-
-    def _summarize_unfinished(self, row: dict[str, Any]) -> None:
-        """Fill an unfinished episode's token summary from its checkpoint, if it has one."""
-        p = self.partial(row["episode_id"])
-        if p is None or p.attempt != row["attempt"]:
-            return
-        arrays = p.concatenated()
-        mask = arrays["loss_mask"].astype(bool)
-        row["tokens"], row["sampled"] = len(arrays["token_ids"]), int(mask.sum())
-        v = arrays["versions"][mask]
-        row["v_min"], row["v_max"] = (int(v.min()), int(v.max())) if len(v) else (None, None)
 
     def trajectories(self, episode_id: str, attempt: int | None = None) -> list[Trajectory]:
         """An episode's segments (its latest attempt unless ``attempt`` is given)."""
@@ -486,28 +468,3 @@ class EpisodeStore:
     def stats(self) -> dict[str, Any]:
         """Counts by state and the bytes the token arrays take."""
         return store_stats(self)
-
-
-def _episode_filter(
-    state: str | Sequence[str] | None,
-    env_id: str | None,
-    min_reward: float | None,
-    max_reward: float | None,
-) -> tuple[list[str], list[Any]]:
-    """The WHERE conditions (on ``episodes e``) and their arguments for :meth:`episodes`."""
-    where: list[str] = []
-    args: list[Any] = []
-    if state is not None:
-        states = [state] if isinstance(state, str) else list(state)
-        where.append(f"e.state IN ({','.join('?' * len(states))})")
-        args.extend(states)
-    if env_id is not None:
-        where.append("e.env_id = ?")
-        args.append(env_id)
-    if min_reward is not None:
-        where.append("e.reward >= ?")
-        args.append(min_reward)
-    if max_reward is not None:
-        where.append("e.reward <= ?")
-        args.append(max_reward)
-    return where, args

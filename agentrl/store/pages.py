@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from agentrl.store.episodes import _episode_filter
+from agentrl.store.listing import episode_filter, summarize_unfinished, within_version_span
 
 if TYPE_CHECKING:
     from agentrl.store.episodes import EpisodeStore
@@ -50,7 +50,7 @@ def episode_pages(
 
     ``limit`` counts the rows that pass every filter (``min_version_span`` included).
     """
-    where, args = _episode_filter(state, env_id, min_reward, max_reward)
+    where, args = episode_filter(state, env_id, min_reward, max_reward)
     after, left = 0, limit
     while left is None or left > 0:
         sql = _PAGE_SQL.format(where=" AND ".join(["e.rowid > ?", *where]))
@@ -61,13 +61,8 @@ def episode_pages(
         for r in rows:
             del r["row_number"]
             if r["state"] in ("running", "paused"):
-                store._summarize_unfinished(r)
-        if min_version_span is not None:
-            rows = [
-                r
-                for r in rows
-                if r["v_min"] is not None and r["v_max"] - r["v_min"] >= min_version_span
-            ]
+                summarize_unfinished(r, store.partial(r["episode_id"]))
+        rows = within_version_span(rows, min_version_span)
         if left is not None:
             rows, left = rows[:left], left - min(left, len(rows))
         if rows:

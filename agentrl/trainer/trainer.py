@@ -19,7 +19,9 @@ gradient clipping and one AdamW step.
 Reported per step: loss, clip fraction, IS weight min/mean/max, the fraction of tokens
 the off-policy masks dropped (in all and per mask), the trainer-vs-vLLM logprob gap on
 the freshest tokens (sampled by the version being trained), token staleness
-min/mean/max in versions, tokens trained and the gradient norm.
+min/mean/max in versions, tokens trained and the gradient norm
+(:class:`~agentrl.trainer.stepstats.StepStats`, totalled over the micro-steps by
+:class:`~agentrl.trainer.stepstats.StepTally`).
 
 The heavy work runs in a worker thread (``asyncio.to_thread``); call
 :meth:`Trainer.pin` once in that thread to keep it off vLLM's core on small machines.
@@ -28,7 +30,6 @@ The heavy work runs in a worker thread (``asyncio.to_thread``); call
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 import time
@@ -48,52 +49,23 @@ from agentrl.trainer.batch import (
     packed_micro_batches,
     rows_from_groups,
 )
-from agentrl.trainer.corrections import CorrectionMasks, correction_masks
+from agentrl.trainer.corrections import correction_masks
 from agentrl.trainer.losses import importance_weights, policy_loss
 from agentrl.trainer.models import ModelLoad
 from agentrl.trainer.placement import (
-    describe_device,
+    describe_setup,
     is_out_of_memory,
     memory_error,
     resolve_device,
     resolve_precision,
     resolve_switch,
+    setup_advice,
 )
+from agentrl.trainer.stepstats import StepStats, StepTally
 from agentrl.trainer.tokenrecord import TokenRecorder
 from agentrl.types import Group
 
 logger = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(slots=True)
-class StepStats:
-    step: int
-    version: int
-    loss: float
-    clip_fraction: float
-    is_weight_min: float
-    is_weight_mean: float
-    is_weight_max: float
-    masked_fraction: float
-    """Tokens the off-policy masks (Geo-RS, IcePop, outlier) dropped, of those trained."""
-    geo_masked_fraction: float
-    token_masked_fraction: float
-    outlier_masked_fraction: float
-    logprob_gap_fresh: float
-    """Mean |trainer logprob - vLLM logprob| on tokens sampled by the version trained."""
-    fresh_tokens: int
-    staleness_min: float
-    staleness_mean: float
-    staleness_max: float
-    tokens: int
-    sequences: int
-    grad_norm: float
-    kl: float
-    reward_mean: float
-    step_s: float
-
-    def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 class Trainer:
@@ -178,54 +150,19 @@ class Trainer:
 
     def placement(self) -> str:
         """Where and how the trainer runs, in one line (``agentrl train`` says it at start)."""
-        parts = [f"trainer on {describe_device(self._device)}",
-                 "bf16 autocast (fp32 weights and AdamW state)" if self.precision == "bf16"
-                 else "fp32"]  # fmt: skip
-        budget = f"{self.config.micro_batch_tokens} tokens"
-        if self.packing:
-            parts.append(f"packed micro-batches of <= {budget} ({self.attention} attention)")
-        else:
-            parts.append(f"padded micro-batches of <= {budget}")
-        if self.chunked_logprob:
-            parts.append("chunked logprob")
-        if self.config.compile:
-            parts.append("compiled layers")
-        if self.config.gradient_checkpointing:
-            parts.append("gradient checkpointing")
-        if self.config.activation_offload:
-            parts.append("activation offload")
-        if self.is_lora:
-            parts.append(f"LoRA r={self.config.lora.r}")
-        return ", ".join(parts)
+        return describe_setup(
+            self.config,
+            self._device,
+            self.precision,
+            self.attention,
+            packing=self.packing,
+            chunked=self.chunked_logprob,
+        )
 
     def advice(self) -> list[tuple[str, str]]:
-        """Settings that measured slow on a GPU (an H200, benchmarks/results/
-        trainer_cuda_h200.md): ``(level, line)`` pairs, level ``note`` (a default's) or
-        ``warning`` (a setting worth changing); empty on CPU."""
-        if self._device.type != "cuda":
-            return []
-        tokens = self.config.micro_batch_tokens
-        if tokens >= 16_384:
-            return []
-        out = [
-            (
-                "note",
-                f"trainer.micro_batch_tokens = {tokens}: small micro-batches leave the GPU "
-                f"waiting on the host (an H200 ran the Qwen2.5-0.5B shape at 15.6 % MFU with "
-                f"4,096, 40.8 % with 32,768, compile and checkpointing); raise it as memory "
-                f"allows (trainer.gradient_checkpointing = true frees most activations)",
-            )
-        ]
-        if self.config.compile:
-            out.append(
-                (
-                    "warning",
-                    f"trainer.compile = true with micro-batches of {tokens} tokens: "
-                    f"compiled layers were slower than eager ones below 16,384 tokens on "
-                    f"an H200 (1.18 against 0.86 s a step at 8,192)",
-                )
-            )
-        return out
+        """Settings that measured slow on a GPU: ``(level, line)`` pairs (see
+        :func:`~agentrl.trainer.placement.setup_advice`); empty on CPU."""
+        return setup_advice(self.config, self._device)
 
     @property
     def version(self) -> int:
@@ -433,10 +370,7 @@ class Trainer:
         total_rows = len(rows)
         batches = self.micro_batches(rows[self.rank :: self.world])
         self.optimizer.zero_grad(set_to_none=True)
-        acc: dict[str, Any] = {"loss": 0.0, "clipped": 0.0, "tokens": 0.0, "w_min": float("inf"),
-               "w_max": 0.0, "w_sum": 0.0, "gap_sum": 0.0, "gap_n": 0, "st_min": float("inf"),
-               "st_max": 0.0, "st_sum": 0.0, "kl": 0.0, "dropped": 0.0, "geo": 0.0,
-               "token": 0.0, "outlier": 0.0, "pending": []}  # fmt: skip
+        tally = StepTally()
         # FSDP gathers the weights in every forward and backward (collectives), so every
         # rank runs as many micro-steps as the busiest one, the extra ones on a padding
         # micro-batch that carries no loss. DDP only syncs in the last backward.
@@ -445,10 +379,10 @@ class Trainer:
             self._share_cores()
             with self._sync(last=i == count - 1):
                 if i < len(batches):
-                    self._micro_step(batches[i], acc, total_tokens, total_rows, len(batches))
+                    self._micro_step(batches[i], tally, total_tokens, total_rows, len(batches))
                 else:
-                    self._micro_step(self._padding_batch(), {**acc, "pending": []}, total_tokens,
-                                     total_rows, 1)  # fmt: skip
+                    padding = self._padding_batch()  # its figures are dropped
+                    self._micro_step(padding, StepTally(), total_tokens, total_rows, 1)
         params = [p for p in self.model.parameters() if p.requires_grad]
         if self.accelerator is not None:
             if not count:  # this rank had no rows: still join the gradient all-reduce
@@ -468,35 +402,18 @@ class Trainer:
         if self._sharded():  # FSDP: a collective on every rank; rank 0 gets the full weights
             self.gather_full_state()
         grad_norm = float(norm)  # read after the optimizer step is queued, like the rest
-        self._settle(acc)
-        tokens = acc["tokens"]
-        rewards = [t.reward for g in groups for t in g.trajectories if t.segment == 0]
-        return StepStats(
+        tally.settle()
+        return tally.stats(
             step=self.step,
             version=self.version,
-            loss=acc["loss"],
-            clip_fraction=acc["clipped"] / tokens if tokens else 0.0,
-            is_weight_min=acc["w_min"] if tokens else 1.0,
-            is_weight_mean=acc["w_sum"] / tokens if tokens else 1.0,
-            is_weight_max=acc["w_max"] if tokens else 1.0,
-            masked_fraction=acc["dropped"] / tokens if tokens else 0.0,
-            geo_masked_fraction=acc["geo"] / tokens if tokens else 0.0,
-            token_masked_fraction=acc["token"] / tokens if tokens else 0.0,
-            outlier_masked_fraction=acc["outlier"] / tokens if tokens else 0.0,
-            logprob_gap_fresh=acc["gap_sum"] / acc["gap_n"] if acc["gap_n"] else float("nan"),
-            fresh_tokens=acc["gap_n"],
-            staleness_min=acc["st_min"] if tokens else 0.0,
-            staleness_mean=acc["st_sum"] / tokens if tokens else 0.0,
-            staleness_max=acc["st_max"],
-            tokens=int(tokens),
+            groups=groups,
             sequences=len(rows),
+            micro_batches=len(batches),
             grad_norm=grad_norm,
-            kl=acc["kl"] / max(len(batches), 1),
-            reward_mean=float(sum(rewards) / len(rewards)) if rewards else 0.0,
             step_s=time.perf_counter() - t0,
         )
 
-    def _micro_step(self, mb: MicroBatch, acc: dict[str, Any], total_tokens: float,
+    def _micro_step(self, mb: MicroBatch, tally: StepTally, total_tokens: float,
                     total_rows: int, count: int) -> None:  # fmt: skip
         cfg = self.config
         mb = mb.to(self.device)
@@ -529,7 +446,7 @@ class Trainer:
             loss.backward()
         else:  # the wrapper averages gradients over ranks; each loss is a share of the sum
             self.accelerator.backward(loss * self.world)
-        self._accumulate(acc, loss, stats, mb, mask, old, weights, masks)
+        tally.add(loss, stats, mb, mask, old, weights, masks, self.version)
 
     def _micro_step_count(self, local: int) -> int:
         """Micro-steps this rank runs: its own, or under FSDP the most of any rank."""
@@ -569,57 +486,3 @@ class Trainer:
                 return self.logprobs(self.ref_model, mb)
             with self.unwrapped.disable_adapter():  # LoRA: the base model is the reference
                 return self.logprobs(self.model, mb)
-
-    # What each micro-step adds to the step's statistics, kept on the device until the
-    # step ends: reading them at once (``float(t)``) would make the host wait for every
-    # micro-step's backward, so that it could not queue the next one meanwhile.
-    _PENDING = ("loss", "clipped", "tokens", "kl", "w_min", "w_max", "w_sum", "st_min",
-                "st_max", "st_sum", "gap_sum", "gap_n", "dropped", "geo", "token",
-                "outlier")  # fmt: skip
-
-    def _accumulate(self, acc: dict[str, Any], loss: torch.Tensor, stats: dict[str, Any],
-                    mb: MicroBatch, mask: torch.Tensor, old: torch.Tensor,
-                    weights: torch.Tensor, masks: CorrectionMasks) -> None:  # fmt: skip
-        """Queue this micro-step's statistics (device tensors; :meth:`_settle` reads them)."""
-        on = mask.bool()
-        inf = torch.tensor(float("inf"), device=on.device)
-        w = weights.expand_as(mask)
-        staleness = (self.version - mb.versions).to(torch.float32)
-        fresh = on & (mb.versions == self.version)
-        kl = stats.get("kl")
-        values = (
-            loss.detach(), stats["clipped"], on.sum(),
-            kl if kl is not None else torch.zeros((), device=on.device),
-            torch.where(on, w, inf).min(), torch.where(on, w, -inf).max(),
-            torch.where(on, w, 0.0).sum(),
-            torch.where(on, staleness, inf).min(), torch.where(on, staleness, -inf).max(),
-            torch.where(on, staleness, 0.0).sum(),
-            torch.where(fresh, (old - mb.behaviour_logprobs).abs(), 0.0).sum(), fresh.sum(),
-            masks.dropped, masks.geo, masks.token, masks.outlier,
-        )  # fmt: skip
-        acc["pending"].append(torch.stack([torch.as_tensor(v, device=on.device).double()
-                                           for v in values]))  # fmt: skip
-
-    def _settle(self, acc: dict[str, Any]) -> None:
-        """Fold the queued micro-step statistics into ``acc``: one read for the step."""
-        pending = acc.pop("pending")
-        if not pending:
-            return
-        for row in torch.stack(pending).tolist():
-            v = dict(zip(self._PENDING, row, strict=True))
-            acc["loss"] += v["loss"]
-            acc["clipped"] += v["clipped"]
-            acc["tokens"] += int(v["tokens"])
-            acc["kl"] += v["kl"]
-            for name in ("dropped", "geo", "token", "outlier"):
-                acc[name] += v[name]
-            if not v["tokens"]:
-                continue
-            acc["w_min"] = min(acc["w_min"], v["w_min"])
-            acc["w_max"] = max(acc["w_max"], v["w_max"])
-            acc["w_sum"] += v["w_sum"]
-            acc["st_min"] = min(acc["st_min"], v["st_min"])
-            acc["st_max"] = max(acc["st_max"], v["st_max"])
-            acc["st_sum"] += v["st_sum"]
-            acc["gap_sum"] += v["gap_sum"]
-            acc["gap_n"] += int(v["gap_n"])

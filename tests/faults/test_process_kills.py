@@ -91,7 +91,7 @@ def test_resume_warns_when_the_killed_runs_engine_process_lives_on(
     import subprocess
     import sys
 
-    from agentrl.run import _warn_leftover_engine
+    from agentrl.run_setup import _warn_leftover_engine
 
     # a group leader with a child that outlives it, as `agentrl train` and vLLM's engine
     leader = subprocess.Popen(
