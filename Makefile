@@ -85,8 +85,8 @@ docs: install
 	@echo "docs: open site/index.html"
 
 lint: install
-	$(VENV)/bin/ruff check agentrl envs tools tests benchmarks examples
-	$(VENV)/bin/ruff format --check agentrl envs tools tests benchmarks examples
+	$(VENV)/bin/ruff check agentrl envs tools tests benchmarks examples scripts docs/img
+	$(VENV)/bin/ruff format --check agentrl envs tools tests benchmarks examples scripts docs/img
 	@# the layer contracts of docs/architecture.md ([tool.importlinter] in pyproject.toml)
 	$(VENV)/bin/lint-imports --no-cache
 

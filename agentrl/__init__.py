@@ -13,14 +13,24 @@ from agentrl.errors import AgentRLError, EpisodeError, InfraError
 __all__ = ["AgentRLError", "EpisodeError", "InfraError", "__version__", "check_env", "from_gym"]
 
 
-def check_env(env: Any, *, tokenizer: Any = None, raise_on_failure: bool = True,
-              example_actions: Sequence[str] = (),
-              kwargs: Mapping[str, Any] | None = None) -> list[Any]:  # fmt: skip
+def check_env(
+    env: Any,
+    *,
+    tokenizer: Any = None,
+    raise_on_failure: bool = True,
+    example_actions: Sequence[str] = (),
+    kwargs: Mapping[str, Any] | None = None,
+) -> list[Any]:
     """Check an env id, instance or factory; see :func:`agentrl.check.check_env`."""
     from agentrl.check import check_env as run_checks
 
-    return run_checks(env, tokenizer=tokenizer, raise_on_failure=raise_on_failure,
-                      example_actions=example_actions, kwargs=kwargs)  # fmt: skip
+    return run_checks(
+        env,
+        tokenizer=tokenizer,
+        raise_on_failure=raise_on_failure,
+        example_actions=example_actions,
+        kwargs=kwargs,
+    )
 
 
 def from_gym(env_id: str, **kwargs: Any) -> Any:

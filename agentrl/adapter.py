@@ -247,9 +247,10 @@ def _reset(env: Any, seed: int, options: dict[str, Any] | None) -> Any:
     if "seed" in params and params["seed"].kind != inspect.Parameter.POSITIONAL_ONLY:
         return env.reset(seed=seed)
     if params and next(iter(params.values())).kind in (
-        inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        inspect.Parameter.POSITIONAL_ONLY,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
         inspect.Parameter.VAR_POSITIONAL,
-    ):  # fmt: skip
+    ):
         return env.reset(seed)
     seed_fn = getattr(env, "seed", None)
     if callable(seed_fn):  # the pre-0.26 Gym convention: seed(n), then reset()

@@ -108,6 +108,7 @@ class BackgroundTasks:
         if failure is None:
             return
         if self._failure is None:
-            logger.error("%s: background task %s failed", self.owner, task.get_name(),
-                         exc_info=failure)  # fmt: skip
+            logger.error(
+                "%s: background task %s failed", self.owner, task.get_name(), exc_info=failure
+            )
         self.fail(failure)

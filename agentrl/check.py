@@ -53,8 +53,14 @@ from agentrl.sandbox import (
 )
 
 SCRIPT = ("", "Answer: 1", "I think the answer is 42.", "up", "Answer: 0", "left")
-BAD_ACTIONS = ("", "x" * 100_000, "\udcff\x00\ufffd\U0010ffff", "\x07\x1b[2J" * 50,
-               "<tool_call>{broken", "Answer: " + "9" * 5000)  # fmt: skip
+BAD_ACTIONS = (
+    "",
+    "x" * 100_000,
+    "\udcff\x00\ufffd\U0010ffff",
+    "\x07\x1b[2J" * 50,
+    "<tool_call>{broken",
+    "Answer: " + "9" * 5000,
+)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -222,8 +228,10 @@ def _examples(make: Callable[[], gym.Env[Any, Any]], given: Sequence[str]) -> tu
     finally:
         env.close()
     if isinstance(own, str) or not all(isinstance(a, str) for a in own):
-        raise ConfigError(f"{type(env.unwrapped).__name__}.example_actions = {own!r:.80}; "
-                          "give a list of action strings")  # fmt: skip
+        raise ConfigError(
+            f"{type(env.unwrapped).__name__}.example_actions = {own!r:.80}; "
+            "give a list of action strings"
+        )
     return tuple(dict.fromkeys([*([given] if isinstance(given, str) else given), *own]))
 
 
@@ -234,12 +242,15 @@ def _from_example(chooser: random.Random, examples: Sequence[str], obs: Any) -> 
     """An example action, each of its numbers kept or changed to one worth trying."""
     text = json.dumps(obs) if not isinstance(obs, str) else obs
     numbers = [*map(str, range(10)), *_NUMBER.findall(text)[:20]]
-    return _NUMBER.sub(lambda m: m.group() if chooser.random() < 0.3 else chooser.choice(numbers),
-                       chooser.choice(examples))  # fmt: skip
+    return _NUMBER.sub(
+        lambda m: m.group() if chooser.random() < 0.3 else chooser.choice(numbers),
+        chooser.choice(examples),
+    )
 
 
-def _explore(make: Callable[[], gym.Env[Any, Any]], seed: int,
-             examples: Sequence[str] = ()) -> tuple[list[Any], list[str]]:  # fmt: skip
+def _explore(
+    make: Callable[[], gym.Env[Any, Any]], seed: int, examples: Sequence[str] = ()
+) -> tuple[list[Any], list[str]]:
     """One episode under actions drawn (by a local RNG) from :func:`_candidates`, and
     half of them from ``examples`` (:func:`_from_example`) when there are any."""
     chooser = random.Random(seed)
@@ -333,8 +344,9 @@ def _isolation(make: Callable[[], gym.Env[Any, Any]], examples: Sequence[str]) -
     return None
 
 
-def _interleaved(make: Callable[[], gym.Env[Any, Any]],
-                 *plans: tuple[int, list[str]]) -> list[list[Any]]:  # fmt: skip
+def _interleaved(
+    make: Callable[[], gym.Env[Any, Any]], *plans: tuple[int, list[str]]
+) -> list[list[Any]]:
     envs = [make() for _ in plans]
     try:
         got = [[env.reset(seed=seed)[0]] for env, (seed, _) in zip(envs, plans, strict=True)]

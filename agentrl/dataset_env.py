@@ -81,8 +81,9 @@ def load_verifier(spec: str) -> Verifier:
 
     where, sep, attr = spec.rpartition(":")
     if not sep or not where or not attr:
-        raise ConfigError(f"env.kwargs.verifier = {spec!r}; give 'module:function' or "
-                          f"'file.py:function'")  # fmt: skip
+        raise ConfigError(
+            f"env.kwargs.verifier = {spec!r}; give 'module:function' or 'file.py:function'"
+        )
     try:
         if where.endswith(".py"):
             namespace = runpy.run_path(where, run_name="__agentrl_verifier__")
@@ -111,12 +112,15 @@ def load_rows(dataset: str, split: str, mtime: float) -> tuple[dict[str, Any], .
     try:
         if path.is_file():
             if path.stat().st_size == 0:
-                raise ConfigError(f"env.kwargs.split = {split!r} of {dataset!r} is empty (an "
-                                  f"empty file)")  # fmt: skip
+                raise ConfigError(
+                    f"env.kwargs.split = {split!r} of {dataset!r} is empty (an empty file)"
+                )
             builder = _BUILDERS.get(path.suffix.lower())
             if builder is None:
-                raise ConfigError(f"env.dataset = {dataset!r}: a {path.suffix or 'plain'} file; "
-                                  f"give {', '.join(_BUILDERS)}")  # fmt: skip
+                raise ConfigError(
+                    f"env.dataset = {dataset!r}: a {path.suffix or 'plain'} file; "
+                    f"give {', '.join(_BUILDERS)}"
+                )
             data = datasets.load_dataset(builder, data_files={"train": str(path)}, split=split)
         else:
             data = datasets.load_dataset(dataset, split=split)
@@ -125,11 +129,13 @@ def load_rows(dataset: str, split: str, mtime: float) -> tuple[dict[str, Any], .
     except (ValueError, KeyError) as e:
         raise ConfigError(f"env.kwargs.split = {split!r} of {dataset!r}: {e}") from None
     except FileNotFoundError as e:
-        raise ConfigError(f"env.dataset = {dataset!r}: no such file, folder or dataset "
-                          f"({e})") from None  # fmt: skip
+        raise ConfigError(
+            f"env.dataset = {dataset!r}: no such file, folder or dataset ({e})"
+        ) from None
     except Exception as e:  # datasets' parse errors have no common base class
-        raise ConfigError(f"env.dataset = {dataset!r} cannot be read: {type(e).__name__}: "
-                          f"{e}") from None  # fmt: skip
+        raise ConfigError(
+            f"env.dataset = {dataset!r} cannot be read: {type(e).__name__}: {e}"
+        ) from None
     if len(data) == 0:
         raise ConfigError(f"env.kwargs.split = {split!r} of {dataset!r} is empty")
     return tuple(data)
@@ -174,9 +180,16 @@ class DatasetEnv(TextEnv):
         tools: ``"module:function"`` names of the tools the agent may call.
     """
 
-    def __init__(self, dataset: str, *, verifier: str, split: str = "train",
-                 prompt_column: str = "prompt", system_prompt: str | None = None,
-                 tools: Sequence[str] = ()) -> None:  # fmt: skip
+    def __init__(
+        self,
+        dataset: str,
+        *,
+        verifier: str,
+        split: str = "train",
+        prompt_column: str = "prompt",
+        system_prompt: str | None = None,
+        tools: Sequence[str] = (),
+    ) -> None:
         mtime = os.path.getmtime(dataset) if os.path.exists(dataset) else 0.0
         self.rows, self.verifier = _source(dataset, split, mtime, prompt_column, verifier)
         self.prompt_column = prompt_column
@@ -202,8 +215,9 @@ class DatasetEnv(TextEnv):
         try:
             reward = self.verifier(prompt, action, dict(self.row))
         except Exception as e:
-            raise RuntimeError(f"verifier {self.verifier.name} raised on row {self.index}: "
-                               f"{type(e).__name__}: {e}") from e  # fmt: skip
+            raise RuntimeError(
+                f"verifier {self.verifier.name} raised on row {self.index}: {type(e).__name__}: {e}"
+            ) from e
         return "", reward, True, False, {"row": self.index}
 
     def get_state(self) -> dict[str, Any]:
@@ -214,8 +228,9 @@ class DatasetEnv(TextEnv):
 
 
 @functools.lru_cache(maxsize=16)
-def _source(dataset: str, split: str, mtime: float, prompt_column: str,
-            verifier: str) -> tuple[tuple[dict[str, Any], ...], Verifier]:  # fmt: skip
+def _source(
+    dataset: str, split: str, mtime: float, prompt_column: str, verifier: str
+) -> tuple[tuple[dict[str, Any], ...], Verifier]:
     """The rows and the verifier, checked once per process (each episode builds an env)."""
     rows = load_rows(dataset, split, mtime)
     if prompt_column not in rows[0]:
@@ -242,6 +257,8 @@ def _probe(verifier: Verifier, row: dict[str, Any], prompt_column: str) -> None:
     try:
         verifier(row[prompt_column], "", row)
     except Exception as e:
-        raise ConfigError(f"env.kwargs.verifier = {verifier.name!r} failed on row 0 with an "
-                          f"empty answer: {type(e).__name__}: {e}; a verifier must return a "
-                          f"number (or bool) for any text") from e  # fmt: skip
+        raise ConfigError(
+            f"env.kwargs.verifier = {verifier.name!r} failed on row 0 with an "
+            f"empty answer: {type(e).__name__}: {e}; a verifier must return a "
+            f"number (or bool) for any text"
+        ) from e

@@ -28,8 +28,12 @@ import sys
 
 POINTS = ("store_write", "optimizer_step", "weight_update", "generation")
 
-SIGNALS = {"KILL": signal.SIGKILL, "TERM": signal.SIGTERM, "HUP": signal.SIGHUP,
-           "INT": signal.SIGINT}  # fmt: skip
+SIGNALS = {
+    "KILL": signal.SIGKILL,
+    "TERM": signal.SIGTERM,
+    "HUP": signal.SIGHUP,
+    "INT": signal.SIGINT,
+}
 
 _armed: dict[str, tuple[int, signal.Signals]] = {}
 _hits: dict[str, int] = {}

@@ -156,9 +156,11 @@ class ThreadLane:
             fn, args = functools.partial(fn, *args, **kwargs), ()
         if self._thread is None:
             self._thread = threading.Thread(
-                target=_serve, args=(self._queue, self._shared), name=self.name,
+                target=_serve,
+                args=(self._queue, self._shared),
+                name=self.name,
                 daemon=True,
-            )  # fmt: skip
+            )
             self._thread.start()
         self._shared.submitted += 1
         self._queue.put((fn, args, future, inbox))
@@ -327,8 +329,9 @@ class _Scope:
         self._bucket = self._owner._add(self)
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: Any) -> None:  # fmt: skip
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any
+    ) -> None:
         state, self._state = self._state, _DONE
         if state == _ENTERED:
             assert self._bucket is not None

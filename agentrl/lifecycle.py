@@ -149,8 +149,10 @@ def ensure_reaper() -> int | None:
         # Its own session: a kill of this process's group (Ctrl-C, kill -PGID) spares it.
         proc = subprocess.Popen(
             [sys.executable, "-m", "agentrl.lifecycle", "--watch", str(os.getpid())],
-            stdin=subprocess.DEVNULL, start_new_session=True, close_fds=True,
-        )  # fmt: skip
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            close_fds=True,
+        )
         _reaper = (os.getpid(), proc)
         return proc.pid
 
@@ -321,6 +323,11 @@ if __name__ == "__main__":
     sys.exit(_main(sys.argv[1:]))
 
 __all__ = [
-    "Stopped", "descendants", "ensure_reaper", "kill_processes", "run_stoppable",
-    "stop_processes", "watch",
-]  # fmt: skip
+    "Stopped",
+    "descendants",
+    "ensure_reaper",
+    "kill_processes",
+    "run_stoppable",
+    "stop_processes",
+    "watch",
+]

@@ -61,8 +61,9 @@ class LoopLagMonitor:
     few tens of milliseconds means something blocks the event loop.
     """
 
-    def __init__(self, metrics: Metrics, interval_s: float = 0.02,
-                 name: str = "loop_lag_s") -> None:  # fmt: skip
+    def __init__(
+        self, metrics: Metrics, interval_s: float = 0.02, name: str = "loop_lag_s"
+    ) -> None:
         self.metrics = metrics
         self.interval_s = interval_s
         self.name = name

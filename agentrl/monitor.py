@@ -40,9 +40,16 @@ METRICS_FILE = "metrics.jsonl"
 class MetricsLog:
     """Per-step scalars to JSONL, TensorBoard and (optionally) wandb / trackio."""
 
-    def __init__(self, run_dir: Path, *, tensorboard: bool = True, wandb: bool = False,
-                 trackio: bool = False, name: str = "run", config: dict[str, Any] | None = None
-                 ) -> None:  # fmt: skip
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        tensorboard: bool = True,
+        wandb: bool = False,
+        trackio: bool = False,
+        name: str = "run",
+        config: dict[str, Any] | None = None,
+    ) -> None:
         self.path = run_dir / METRICS_FILE
         self._file = self.path.open("a", encoding="utf-8")
         self._tb: Any = None
@@ -60,8 +67,9 @@ class MetricsLog:
                     "log.wandb = true but wandb is not installed; `pip install wandb` or set it "
                     "to false"
                 ) from None
-            self._wandb = wandb_module.init(project="agentrl", name=name, config=config,
-                                            dir=str(run_dir))  # fmt: skip
+            self._wandb = wandb_module.init(
+                project="agentrl", name=name, config=config, dir=str(run_dir)
+            )
         if trackio:
             try:
                 import trackio as trackio_module
@@ -165,24 +173,44 @@ def headline(status: Mapping[str, Any]) -> list[tuple[str, str]]:
     tool_use = _tool_use(status.get("tools", True), status.get("tool_use_rate"), ".1%")
     return [
         ("state", str(status.get("state", "?"))),
-        ("step", f"{status.get('step', 0)}/{status.get('steps', '?')}  "
-                 f"(version {status.get('version', 0)})"),
-        ("reward", f"{_fmt(status.get('reward_mean'))}  success "
-                   f"{_fmt(status.get('success_rate'), '.1%')}{tool_use}"),
+        (
+            "step",
+            f"{status.get('step', 0)}/{status.get('steps', '?')}  "
+            f"(version {status.get('version', 0)})",
+        ),
+        (
+            "reward",
+            f"{_fmt(status.get('reward_mean'))}  success "
+            f"{_fmt(status.get('success_rate'), '.1%')}{tool_use}",
+        ),
         ("tokens/s", _fmt(status.get("tokens_per_s"), ",.0f")),
-        *([("staleness", f"mean {_fmt(status.get('staleness_mean'), '.2f')}  "
-                         f"max {_fmt(status.get('staleness_max'), '.0f')}")]
-          if _async(status) else []),
-        ("queue", f"{status.get('queue_depth', 0)} groups  |  in flight "
-                  f"{status.get('in_flight', 0)} episodes"),
+        *(
+            [
+                (
+                    "staleness",
+                    f"mean {_fmt(status.get('staleness_mean'), '.2f')}  "
+                    f"max {_fmt(status.get('staleness_max'), '.0f')}",
+                )
+            ]
+            if _async(status)
+            else []
+        ),
+        (
+            "queue",
+            f"{status.get('queue_depth', 0)} groups  |  in flight "
+            f"{status.get('in_flight', 0)} episodes",
+        ),
         ("errors", ", ".join(f"{k} {v}" for k, v in sorted(errors.items())) or "none"),
-        ("time", f"generating {t.get('generation_s', 0.0) / wall:.0%}  training "
-                 f"{t.get('training_s', 0.0) / wall:.0%}  weight sync "
-                 f"{t.get('publish_s', 0.0) / wall:.0%}  of {wall:.0f} s"),
+        (
+            "time",
+            f"generating {t.get('generation_s', 0.0) / wall:.0%}  training "
+            f"{t.get('training_s', 0.0) / wall:.0%}  weight sync "
+            f"{t.get('publish_s', 0.0) / wall:.0%}  of {wall:.0f} s",
+        ),
         *_servers(status.get("servers") or []),
         *_placement(status.get("placement") or []),
         *_health(status.get("health") or []),
-    ]  # fmt: skip
+    ]
 
 
 def _tool_use(tools: bool, rate: Any, spec: str) -> str:
@@ -199,8 +227,9 @@ def _health(warnings: list[Mapping[str, Any]]) -> list[tuple[str, str]]:
     """The health warnings of the run (the last few), newest last; none: no line."""
     if not warnings:
         return []
-    text = "  |  ".join(f"{w.get('rule')} at step {w.get('step')}: {w.get('message')}"
-                        for w in warnings[-3:])  # fmt: skip
+    text = "  |  ".join(
+        f"{w.get('rule')} at step {w.get('step')}: {w.get('message')}" for w in warnings[-3:]
+    )
     return [("health", f"[yellow]{_escape(text)}[/]")]
 
 
@@ -216,10 +245,10 @@ def _servers(servers: list[Mapping[str, Any]]) -> list[tuple[str, str]]:
         return []
     up = [s for s in servers if s.get("up")]
     parts = [f"{len(up)}/{len(servers)} up"]
-    parts += [f"{s['url']}: {s.get('in_flight', 0)} in flight, v{s.get('version', 0)}"
-              for s in up]  # fmt: skip
-    parts += [f"{s['url']} DOWN ({str(s.get('reason', ''))[:80]})" for s in servers
-              if not s.get("up")]  # fmt: skip
+    parts += [f"{s['url']}: {s.get('in_flight', 0)} in flight, v{s.get('version', 0)}" for s in up]
+    parts += [
+        f"{s['url']} DOWN ({str(s.get('reason', ''))[:80]})" for s in servers if not s.get("up")
+    ]
     return [("servers", "  |  ".join(parts))]
 
 
@@ -269,22 +298,37 @@ def _episodes_table(status: Mapping[str, Any], limit: int) -> Any:
 
     tools = status.get("tools", True)
     live = list(status.get("episodes", []))
-    table = Table(title=f"in-flight episodes ({len(live)})", title_justify="left",
-                  show_edge=False, pad_edge=False)  # fmt: skip
-    for col in ("episode", "env", "turn", "age (versions)", "tokens by version",
-                *(["tools"] if tools else []), "waiting on", "age"):  # fmt: skip
+    table = Table(
+        title=f"in-flight episodes ({len(live)})",
+        title_justify="left",
+        show_edge=False,
+        pad_edge=False,
+    )
+    for col in (
+        "episode",
+        "env",
+        "turn",
+        "age (versions)",
+        "tokens by version",
+        *(["tools"] if tools else []),
+        "waiting on",
+        "age",
+    ):
         table.add_column(col, justify="right" if col in ("turn", "tools", "age") else "left")
     version = int(status.get("version", 0))
     for ep in sorted(live, key=lambda e: e.get("started_version", 0))[:limit]:
         by_version = ep.get("tokens_by_version", {})
         table.add_row(
-            str(ep.get("episode", "")), str(ep.get("env", "")), str(ep.get("turn", 0)),
+            str(ep.get("episode", "")),
+            str(ep.get("env", "")),
+            str(ep.get("turn", 0)),
             str(version - int(ep.get("started_version", 0))),
-            " ".join(f"v{k}:{v}" for k, v in sorted(by_version.items(), key=lambda kv:
-                                                     int(kv[0]))) or "-",
-            *([str(ep.get("tool_calls", 0))] if tools else []), str(ep.get("phase", "")),
+            " ".join(f"v{k}:{v}" for k, v in sorted(by_version.items(), key=lambda kv: int(kv[0])))
+            or "-",
+            *([str(ep.get("tool_calls", 0))] if tools else []),
+            str(ep.get("phase", "")),
             f"{ep.get('age_s', 0.0):.1f}s",
-        )  # fmt: skip
+        )
     if len(live) > limit:
         table.caption = f"... and {len(live) - limit} more"
     return table
@@ -362,8 +406,10 @@ def top(run_dir: Path, *, once: bool = False, interval_s: float = 0.5) -> int:
         alive = pid_alive(current.get("pid"))
         if current.get("state") not in ENDED and not alive:
             age = time.time() - float(current.get("updated_at", 0))
-            parts.append(f"[yellow]the run's process is gone (last update {age:.0f} s ago); "
-                         f"`agentrl train --resume {run_dir}` continues it[/]")  # fmt: skip
+            parts.append(
+                f"[yellow]the run's process is gone (last update {age:.0f} s ago); "
+                f"`agentrl train --resume {run_dir}` continues it[/]"
+            )
         elif current.get("state") in ENDED:
             parts.append(_store_summary(run_dir))
         return RichGroup(*parts)

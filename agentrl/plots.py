@@ -67,12 +67,27 @@ def write_plots(run_dir: str | Path) -> list[Path]:
     ax.plot(steps, series("success_rate"), label="success rate")
     ax.plot(steps, series("tool_use_rate"), label="tool-use rate", linestyle="--")
     for ev in evals:
-        ax.scatter([ev["step"]], [ev.get("success_rate", float("nan"))], marker="o", s=50,
-                   color="black", zorder=3)  # fmt: skip
-        ax.annotate(f"eval {ev.get('success_rate', 0):.0%}", (ev["step"], ev["success_rate"]),
-                    textcoords="offset points", xytext=(4, -12), fontsize=8)  # fmt: skip
-    ax.set(xlabel="optimizer step", ylabel="rate", title="Reward and success (training episodes)",
-           ylim=(-0.02, 1.05))  # fmt: skip
+        ax.scatter(
+            [ev["step"]],
+            [ev.get("success_rate", float("nan"))],
+            marker="o",
+            s=50,
+            color="black",
+            zorder=3,
+        )
+        ax.annotate(
+            f"eval {ev.get('success_rate', 0):.0%}",
+            (ev["step"], ev["success_rate"]),
+            textcoords="offset points",
+            xytext=(4, -12),
+            fontsize=8,
+        )
+    ax.set(
+        xlabel="optimizer step",
+        ylabel="rate",
+        title="Reward and success (training episodes)",
+        ylim=(-0.02, 1.05),
+    )
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
     written.append(_save(fig, out / "reward.png"))
@@ -80,8 +95,11 @@ def write_plots(run_dir: str | Path) -> list[Path]:
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(steps, series("staleness_mean"), label="mean")
     ax.plot(steps, series("staleness_max"), label="max", linestyle="--")
-    ax.set(xlabel="optimizer step", ylabel="versions behind the trainer",
-           title="Token staleness at training time")  # fmt: skip
+    ax.set(
+        xlabel="optimizer step",
+        ylabel="versions behind the trainer",
+        title="Token staleness at training time",
+    )
     ax.grid(alpha=0.3)
     ax.legend()
     written.append(_save(fig, out / "staleness.png"))
@@ -105,11 +123,20 @@ def _plot_evals(plt: Any, evals: Sequence[Mapping[str, Any]], path: Path) -> Pat
         ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
     for ev in evals:
         if ev.get("label") in ("before", "after"):
-            ax.annotate(ev["label"], (ev["step"], ev.get("success_rate", 0)),
-                        textcoords="offset points", xytext=(4, 6), fontsize=8)  # fmt: skip
+            ax.annotate(
+                ev["label"],
+                (ev["step"], ev.get("success_rate", 0)),
+                textcoords="offset points",
+                xytext=(4, 6),
+                fontsize=8,
+            )
     episodes = evals[-1].get("episodes", "?")
-    ax.set(xlabel="optimizer step", ylabel="rate", ylim=(-0.02, 1.05),
-           title=f"Held-out evaluation ({episodes} episodes each)")  # fmt: skip
+    ax.set(
+        xlabel="optimizer step",
+        ylabel="rate",
+        ylim=(-0.02, 1.05),
+        title=f"Held-out evaluation ({episodes} episodes each)",
+    )
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
     return _save(fig, path)

@@ -26,8 +26,13 @@ CONFIG_FILE = "config.toml"
 """The resolved config in a run directory (every key, defaults included)."""
 
 
-def prepare(config_path: str | Path | None, overrides: list[str], *, resume: str | None = None,
-            reporter: Reporter | None = None) -> tuple[RunConfig, Path]:  # fmt: skip
+def prepare(
+    config_path: str | Path | None,
+    overrides: list[str],
+    *,
+    resume: str | None = None,
+    reporter: Reporter | None = None,
+) -> tuple[RunConfig, Path]:
     """Load and check the config and choose the run directory; create nothing.
 
     With ``resume`` (a run directory), the config is the one recorded there, with
@@ -89,8 +94,13 @@ def _check_resumable(run_dir: Path, reporter: Reporter | None) -> None:
     from agentrl.store import EpisodeStore
     from agentrl.store.schema import holds_no_store
 
-    for path in (run_dir, *(run_dir / n for n in ("episodes.db", "metrics.jsonl", "trace.json",
-                                                   "status.json", "checkpoints"))):  # fmt: skip
+    for path in (
+        run_dir,
+        *(
+            run_dir / n
+            for n in ("episodes.db", "metrics.jsonl", "trace.json", "status.json", "checkpoints")
+        ),
+    ):
         if path.exists() and not os.access(path, os.W_OK):
             raise RunDirError(
                 f"{path} is not writable (a read-only file system or no permission); nothing "

@@ -157,8 +157,10 @@ def _progress_callback(stage: int, total: int, say: Callable[[str], None]) -> An
             if logs and "loss" in logs:
                 rate = state.global_step / max(time.perf_counter() - self.started, 1e-9)
                 eta = (self.total - state.global_step) / max(rate, 1e-9)
-                say(f"sft stage {self.stage}: step {state.global_step}/{self.total}  "
-                    f"loss {logs['loss']:.4f}  {rate:.1f} steps/s  eta {eta:.0f} s")  # fmt: skip
+                say(
+                    f"sft stage {self.stage}: step {state.global_step}/{self.total}  "
+                    f"loss {logs['loss']:.4f}  {rate:.1f} steps/s  eta {eta:.0f} s"
+                )
 
     return Progress(stage, total)
 

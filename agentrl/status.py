@@ -87,8 +87,15 @@ class RunStatus:
         self.placement: Callable[[], list[dict[str, Any]]] = list
         """Where each piece runs on a Ray cluster (``[cluster]``; empty on one machine)."""
 
-    def attach(self, *, trainer: Trainer, runner: Runner, queue: TrajectoryQueue,
-               loop: TrainLoop, pool: ServerPool | None) -> None:  # fmt: skip
+    def attach(
+        self,
+        *,
+        trainer: Trainer,
+        runner: Runner,
+        queue: TrajectoryQueue,
+        loop: TrainLoop,
+        pool: ServerPool | None,
+    ) -> None:
         """Hand over the components the status reads (``pool``: None without servers)."""
         self._trainer, self._runner, self._queue = trainer, runner, queue
         self._loop, self._pool = loop, pool
@@ -122,39 +129,68 @@ class RunStatus:
         live = []
         if self._runner is not None:
             for p in list(self._runner.live.values()):
-                live.append({"episode": p.episode_id, "env": p.env_id, "turn": p.turn,
-                             "phase": p.phase, "started_version": p.started_version,
-                             "tokens_by_version": dict(p.tokens_by_version),
-                             "tool_calls": p.tool_calls, "age_s": now - p.started_at})  # fmt: skip
+                live.append(
+                    {
+                        "episode": p.episode_id,
+                        "env": p.env_id,
+                        "turn": p.turn,
+                        "phase": p.phase,
+                        "started_version": p.started_version,
+                        "tokens_by_version": dict(p.tokens_by_version),
+                        "tool_calls": p.tool_calls,
+                        "age_s": now - p.started_at,
+                    }
+                )
         counters = self.metrics.counters
-        errors = {k: int(v) for k, v in counters.items()
-                  if k.startswith(("failures/", "tool_errors/")) and v}  # fmt: skip
+        errors = {
+            k: int(v)
+            for k, v in counters.items()
+            if k.startswith(("failures/", "tool_errors/")) and v
+        }
         busy = loop.busy if loop is not None else {}
         return {
-            "name": self.config.run.name, "run_dir": str(self.run_dir), "pid": os.getpid(),
-            "state": self.state, "updated_at": time.time(),
-            "tools": self.tools, "mode": self.config.train.mode,
+            "name": self.config.run.name,
+            "run_dir": str(self.run_dir),
+            "pid": os.getpid(),
+            "state": self.state,
+            "updated_at": time.time(),
+            "tools": self.tools,
+            "mode": self.config.train.mode,
             "step": trainer.step if trainer is not None else 0,
             "steps": self.config.train.steps,
             "version": trainer.version if trainer is not None else 0,
-            **{k: self.last.get(k) for k in ("reward_mean", "success_rate", "tool_use_rate",
-                                              "tokens_per_s", "staleness_mean",
-                                              "staleness_max")},
+            **{
+                k: self.last.get(k)
+                for k in (
+                    "reward_mean",
+                    "success_rate",
+                    "tool_use_rate",
+                    "tokens_per_s",
+                    "staleness_mean",
+                    "staleness_max",
+                )
+            },
             "queue_depth": len(self._queue) if self._queue is not None else 0,
-            "in_flight": len(live), "errors": errors,
-            "time": {"wall_s": time.perf_counter() - self.started,
-                     "generation_s": self.generation_s,
-                     "training_s": busy.get("train_s", 0.0),
-                     "publish_s": busy.get("publish_s", 0.0),
-                     "micro_steps": trainer.micro_steps if trainer is not None else {}},
-            "eval": self.evals, "episodes": live,
-            "eval_running": self.eval_running and {
+            "in_flight": len(live),
+            "errors": errors,
+            "time": {
+                "wall_s": time.perf_counter() - self.started,
+                "generation_s": self.generation_s,
+                "training_s": busy.get("train_s", 0.0),
+                "publish_s": busy.get("publish_s", 0.0),
+                "micro_steps": trainer.micro_steps if trainer is not None else {},
+            },
+            "eval": self.evals,
+            "episodes": live,
+            "eval_running": self.eval_running
+            and {
                 "label": self.eval_running,
-                "in_flight": len(self._eval_runner.live) if self._eval_runner else 0},
+                "in_flight": len(self._eval_runner.live) if self._eval_runner else 0,
+            },
             "servers": self._pool.describe() if self._pool is not None else [],
             "placement": self.placement(),
             "health": [w.as_dict() for w in self.health.recent],
-        }  # fmt: skip
+        }
 
     def write(self, *, episodes: bool = True) -> None:
         """Rewrite ``status.json`` with a new snapshot (``episodes=False``: without the
@@ -217,10 +253,13 @@ class RunStatus:
         }
         if record.publish is not None:
             u = record.publish.update
-            values.update(publish_s=u.pause_to_resume_s, reload_s=u.reload_s,
-                          episodes_paused=u.episodes_paused,
-                          tokens_reprefilled=u.tokens_reprefilled,
-                          tokens_discarded=u.tokens_discarded)  # fmt: skip
+            values.update(
+                publish_s=u.pause_to_resume_s,
+                reload_s=u.reload_s,
+                episodes_paused=u.episodes_paused,
+                tokens_reprefilled=u.tokens_reprefilled,
+                tokens_discarded=u.tokens_discarded,
+            )
         for k, v in self.metrics.counters.items():
             if k.startswith(("failures/", "tool_errors/")):
                 values[f"errors/{k}"] = v

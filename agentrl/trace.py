@@ -75,14 +75,28 @@ class Tracer:
             heapq.heappush(self._lanes.setdefault(pid, []), lane)
 
     # ---- events ----------------------------------------------------------------------
-    def span(self, name: str, pid: int, tid: int, start: float, end: float,
-             args: dict[str, Any] | None = None, cat: str = "") -> None:  # fmt: skip
+    def span(
+        self,
+        name: str,
+        pid: int,
+        tid: int,
+        start: float,
+        end: float,
+        args: dict[str, Any] | None = None,
+        cat: str = "",
+    ) -> None:
         """A span from ``start`` to ``end`` (``time.perf_counter()`` seconds)."""
         if not self.enabled:
             return
-        event = {"name": name, "cat": cat or name, "ph": "X", "pid": pid, "tid": tid,
-                 "ts": round((start - self._t0) * 1e6, 1),
-                 "dur": round(max(0.0, end - start) * 1e6, 1)}  # fmt: skip
+        event = {
+            "name": name,
+            "cat": cat or name,
+            "ph": "X",
+            "pid": pid,
+            "tid": tid,
+            "ts": round((start - self._t0) * 1e6, 1),
+            "dur": round(max(0.0, end - start) * 1e6, 1),
+        }
         if args:
             event["args"] = args
         self._write(json.dumps(event, default=str))
@@ -105,8 +119,11 @@ class Tracer:
 
     def _meta(self, kind: str, pid: int, tid: int, name: str) -> None:
         if self.enabled:
-            self._write(json.dumps({"name": kind, "ph": "M", "pid": pid, "tid": tid,
-                                    "args": {"name": name}}))  # fmt: skip
+            self._write(
+                json.dumps(
+                    {"name": kind, "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}}
+                )
+            )
 
     def _write(self, line: str) -> None:
         with self._lock:
@@ -152,8 +169,15 @@ class EpisodeTrace:
     def enter(self, phase: str) -> None:
         now = time.perf_counter()
         if self.phase is not None and self.phase != phase:
-            self.tracer.span(self.phase, self.pid, self.lane, self.since, now,
-                             {"episode": self.episode_id}, cat="episode")  # fmt: skip
+            self.tracer.span(
+                self.phase,
+                self.pid,
+                self.lane,
+                self.since,
+                now,
+                {"episode": self.episode_id},
+                cat="episode",
+            )
         if self.phase != phase:
             self.phase, self.since = phase, now
 

@@ -114,22 +114,29 @@ success_reward = 1.0
 }
 
 
-def run_one(task: str, staleness: int, correction: str, steps: int, out: Path,
-            model: str | None, seed: int) -> dict[str, Any]:  # fmt: skip
+def run_one(
+    task: str, staleness: int, correction: str, steps: int, out: Path, model: str | None, seed: int
+) -> dict[str, Any]:
     """One ``agentrl train`` run in its own process; its train and eval rows."""
     base, _, metric = TASKS[task]
     run_dir = out / f"{task}-s{staleness}-{correction}"
     config = out / f"{task}.toml"
     config.write_text(base.replace("WARM_START", model or ""))
-    args = [str(config), f"--run.out={run_dir}", f"--train.steps={steps}",
-            f"--rollout.max_staleness={staleness}", f"--run.seed={seed}",
-            *CORRECTIONS[correction]]  # fmt: skip
+    args = [
+        str(config),
+        f"--run.out={run_dir}",
+        f"--train.steps={steps}",
+        f"--rollout.max_staleness={staleness}",
+        f"--run.seed={seed}",
+        *CORRECTIONS[correction],
+    ]
     started = time.perf_counter()
     code = "import sys; from agentrl.cli import main; sys.exit(main(['train', *sys.argv[1:]]))"
     log = out / f"{run_dir.name}.log"
     with log.open("w") as sink:
-        proc = subprocess.run([sys.executable, "-c", code, *args], stdout=sink,
-                              stderr=subprocess.STDOUT, cwd=ROOT)  # fmt: skip
+        proc = subprocess.run(
+            [sys.executable, "-c", code, *args], stdout=sink, stderr=subprocess.STDOUT, cwd=ROOT
+        )
     wall = time.perf_counter() - started
     if proc.returncode != 0:
         tail = "\n".join(log.read_text().splitlines()[-15:])
@@ -143,47 +150,68 @@ def run_one(task: str, staleness: int, correction: str, steps: int, out: Path,
     fractions = ("masked_fraction", "geo_masked_fraction", "token_masked_fraction")
     masked = {k: statistics.fmean(float(r.get(k, 0.0)) for r in train) for k in fractions}
     return {
-        "task": task, "staleness": staleness, "correction": correction, "wall_s": wall,
-        "metric": metric, "curve": curve,
+        "task": task,
+        "staleness": staleness,
+        "correction": correction,
+        "wall_s": wall,
+        "metric": metric,
+        "curve": curve,
         "final_score": statistics.fmean(curve[-3:]) if curve else float("nan"),
         "eval_before": evals.get("before", {}).get(metric),
         "eval_after": evals.get("after", {}).get(metric),
         "turns_to_solve_after": evals.get("after", {}).get("turns_to_solve"),
         "staleness_mean": statistics.fmean(float(r["staleness_mean"]) for r in train[1:])
-        if len(train) > 1 else 0.0,
-        "masked": masked, "run_dir": str(run_dir),
-    }  # fmt: skip
+        if len(train) > 1
+        else 0.0,
+        "masked": masked,
+        "run_dir": str(run_dir),
+    }
 
 
 def markdown(results: list[dict[str, Any]], corrections: list[str]) -> str:
     from benchmarks.common import table
 
-    parts = ["### Off-policy corrections under forced staleness (tiny model, CPU)", "",
-             "Each cell: the held-out score after training, then (in brackets) the mean "
-             "training-batch score over all the run's steps, which also rewards learning "
-             "early. Score: success rate for guess_number, mean reward (share of digits) "
-             "for digits. Row label: the bound, then the staleness the trainer measured "
-             "(mean versions behind)."]  # fmt: skip
+    parts = [
+        "### Off-policy corrections under forced staleness (tiny model, CPU)",
+        "",
+        "Each cell: the held-out score after training, then (in brackets) the mean "
+        "training-batch score over all the run's steps, which also rewards learning "
+        "early. Score: success rate for guess_number, mean reward (share of digits) "
+        "for digits. Row label: the bound, then the staleness the trainer measured "
+        "(mean versions behind).",
+    ]
     for task in dict.fromkeys(r["task"] for r in results):
         rows = []
         for s in sorted({r["staleness"] for r in results if r["task"] == task}):
             cell = {r["correction"]: r for r in results if (r["task"], r["staleness"]) == (task, s)}
             measured = statistics.fmean(r["staleness_mean"] for r in cell.values())
-            rows.append([f"max_staleness {s} ({measured:.2f})"] + [
-                f"{cell[c]['eval_after']:.2f} ({statistics.fmean(cell[c]['curve']):.2f})"
-                if c in cell and cell[c]["eval_after"] is not None else "-"
-                for c in corrections
-            ])  # fmt: skip
+            rows.append(
+                [f"max_staleness {s} ({measured:.2f})"]
+                + [
+                    f"{cell[c]['eval_after']:.2f} ({statistics.fmean(cell[c]['curve']):.2f})"
+                    if c in cell and cell[c]["eval_after"] is not None
+                    else "-"
+                    for c in corrections
+                ]
+            )
         mean_row = ["mean over staleness"]
         for c in corrections:
-            got = [r["eval_after"] for r in results if (r["task"], r["correction"]) == (task, c)
-                   and r["eval_after"] is not None]  # fmt: skip
+            got = [
+                r["eval_after"]
+                for r in results
+                if (r["task"], r["correction"]) == (task, c) and r["eval_after"] is not None
+            ]
             mean_row.append(f"**{statistics.fmean(got):.3f}**" if got else "-")
         rows.append(mean_row)
         before = next((r["eval_before"] for r in results if r["task"] == task), None)
-        parts += ["", f"**{task}** (held-out score before training: {before:.2f})"
-                  if before is not None else f"**{task}**", "",
-                  table(["", *corrections], rows)]  # fmt: skip
+        parts += [
+            "",
+            f"**{task}** (held-out score before training: {before:.2f})"
+            if before is not None
+            else f"**{task}**",
+            "",
+            table(["", *corrections], rows),
+        ]
     return "\n".join(parts)
 
 
@@ -195,8 +223,13 @@ def plot(results: list[dict[str, Any]], corrections: list[str], path: Path) -> N
 
     tasks = list(dict.fromkeys(r["task"] for r in results))
     stales = sorted({r["staleness"] for r in results})
-    fig, axes = plt.subplots(len(tasks), len(stales), figsize=(4 * len(stales), 3.2 * len(tasks)),
-                             squeeze=False, sharey=True)  # fmt: skip
+    fig, axes = plt.subplots(
+        len(tasks),
+        len(stales),
+        figsize=(4 * len(stales), 3.2 * len(tasks)),
+        squeeze=False,
+        sharey=True,
+    )
     for i, task in enumerate(tasks):
         for j, s in enumerate(stales):
             ax = axes[i][j]
@@ -222,8 +255,13 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=None, help="per run (default: per task)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="keep the runs here")
-    parser.add_argument("--report", type=Path, default=None, metavar="ABLATION.json",
-                        help="run nothing: redraw the table and plot from a result")  # fmt: skip
+    parser.add_argument(
+        "--report",
+        type=Path,
+        default=None,
+        metavar="ABLATION.json",
+        help="run nothing: redraw the table and plot from a result",
+    )
     args = parser.parse_args()
     if args.report is not None:
         saved = json.loads(args.report.read_text())
@@ -255,10 +293,13 @@ def main() -> int:
         r = run_one(task, s, c, steps, out, model, args.seed)
         results.append(r)
         so_far = time.perf_counter() - started
-        print(f"  [{n}/{len(grid)}] {task:<12} max_staleness {s}  {c:<6}  eval "
-              f"{r['eval_before']:.2f} -> {r['eval_after']:.2f}  final batch "
-              f"{r['final_score']:.2f}  staleness {r['staleness_mean']:.2f}  "
-              f"{r['wall_s']:.0f} s  ({so_far:.0f} s so far)", flush=True)  # fmt: skip
+        print(
+            f"  [{n}/{len(grid)}] {task:<12} max_staleness {s}  {c:<6}  eval "
+            f"{r['eval_before']:.2f} -> {r['eval_after']:.2f}  final batch "
+            f"{r['final_score']:.2f}  staleness {r['staleness_mean']:.2f}  "
+            f"{r['wall_s']:.0f} s  ({so_far:.0f} s so far)",
+            flush=True,
+        )
     from benchmarks.common import RESULTS, save
 
     md = markdown(results, corrections)
@@ -267,8 +308,14 @@ def main() -> int:
     plot(results, corrections, png)
     total = time.perf_counter() - started
     md += f"\n\n{len(grid)} runs, {total:.0f} s in all; curves: `{png.name}`."
-    settings = {"tasks": tasks, "staleness": stales, "corrections": corrections,
-                "steps": args.steps, "seed": args.seed, "overrides": CORRECTIONS}  # fmt: skip
+    settings = {
+        "tasks": tasks,
+        "staleness": stales,
+        "corrections": corrections,
+        "steps": args.steps,
+        "seed": args.seed,
+        "overrides": CORRECTIONS,
+    }
     save("ablation", settings, results, md, markdown_file=True)
     print(md)
     print(json.dumps({"plot": str(png)}))

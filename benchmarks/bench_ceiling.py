@@ -59,18 +59,33 @@ if str(ROOT) not in sys.path:  # appended: under --compare, PYTHONPATH picks the
 # the named caller only, when one is named); a root inside another stage's root is taken
 # out of that one. Names from older revisions stay, so --compare splits both alike.
 STAGES: list[tuple[str, list[tuple[str, str, str, str]]]] = [
-    ("render", [("agentrl/chat/conversation.py", "render", "", ""),
-                ("agentrl/chat/rendering.py", "text", "delta_for", "")]),
-    ("tokenize", [("tokenization_utils_base.py", "__call__", "apply_chat_template", "render"),
-                  ("agentrl/chat/conversation.py", "decode", "", ""),
-                  ("agentrl/chat/rendering.py", "ids", "_piece_delta", ""),
-                  ("agentrl/chat/rendering.py", "encode", "delta_for", "")]),
+    (
+        "render",
+        [
+            ("agentrl/chat/conversation.py", "render", "", ""),
+            ("agentrl/chat/rendering.py", "text", "delta_for", ""),
+        ],
+    ),
+    (
+        "tokenize",
+        [
+            ("tokenization_utils_base.py", "__call__", "apply_chat_template", "render"),
+            ("agentrl/chat/conversation.py", "decode", "", ""),
+            ("agentrl/chat/rendering.py", "ids", "_piece_delta", ""),
+            ("agentrl/chat/rendering.py", "encode", "delta_for", ""),
+        ],
+    ),
     ("checkpoint", [("agentrl/rollout/runner.py", "_checkpoint", "", "")]),
     ("store write", [("agentrl/store/writer.py", "_apply", "", "")]),
-    ("validation", [("agentrl/types.py", "validate", "", ""),
-                    ("agentrl/types/trajectory.py", "validate", "", ""),
-                    ("agentrl/inference/base.py", "__post_init__", "", "")]),
-]  # fmt: skip
+    (
+        "validation",
+        [
+            ("agentrl/types.py", "validate", "", ""),
+            ("agentrl/types/trajectory.py", "validate", "", ""),
+            ("agentrl/inference/base.py", "__post_init__", "", ""),
+        ],
+    ),
+]
 
 
 class InstantClient:
@@ -108,23 +123,27 @@ class InstantClient:
         n = clamp_max_tokens(len(prompt_token_ids), sampling, self._max_model_len)
         await asyncio.sleep(0)  # the reply arrives through the loop, as from an engine
         ids = (self.token,) * (n - 1) + (self.end_of_turn,)
-        return Generation(request_id, ids, (-0.5,) * n, "stop", self._version,
-                          len(prompt_token_ids))  # fmt: skip
+        return Generation(
+            request_id, ids, (-0.5,) * n, "stop", self._version, len(prompt_token_ids)
+        )
 
     async def abort(self, request_id: str) -> None:
         return None  # nothing is ever in flight
 
-    async def reload_weights(self, weights_dir: str, version: int | None = None, *,
-                             keep_inflight: bool = False) -> int:  # fmt: skip
+    async def reload_weights(
+        self, weights_dir: str, version: int | None = None, *, keep_inflight: bool = False
+    ) -> int:
         self._version = self._version + 1 if version is None else version
         return self._version
 
-    async def load_lora_adapter(self, adapter_dir: str, version: int | None = None, *,
-                                keep_inflight: bool = False) -> int:  # fmt: skip
+    async def load_lora_adapter(
+        self, adapter_dir: str, version: int | None = None, *, keep_inflight: bool = False
+    ) -> int:
         return await self.reload_weights(adapter_dir, version)
 
-    async def push_weights(self, send: Any, version: int | None = None, *,
-                           keep_inflight: bool = False) -> int:  # fmt: skip
+    async def push_weights(
+        self, send: Any, version: int | None = None, *, keep_inflight: bool = False
+    ) -> int:
         from agentrl.errors import WeightSyncError
 
         raise WeightSyncError("the instant client has no weight-transfer backend")
@@ -214,8 +233,14 @@ def _check_counts(queue: Any, db: Any, case: tuple[int, int, int], warmup: bool)
     return sampled
 
 
-async def one_run(tokenizer: Any, case: tuple[int, int, int], store: bool, tmp: Path,
-                  workers: int = 1, warmup: bool = True) -> dict[str, Any] | None:  # fmt: skip
+async def one_run(
+    tokenizer: Any,
+    case: tuple[int, int, int],
+    store: bool,
+    tmp: Path,
+    workers: int = 1,
+    warmup: bool = True,
+) -> dict[str, Any] | None:
     """One case; with ``workers`` > 1 through that many rollout worker processes (None on
     a tree without them).
 
@@ -273,13 +298,18 @@ async def one_run(tokenizer: Any, case: tuple[int, int, int], store: bool, tmp: 
     cpu = main_cpu + workers_cpu
     sampled = _check_counts(queue, db, case, warmup)
     n_turns = episodes * turns
-    return {"turns_per_s": n_turns / wall, "tokens_per_s": sampled / wall, "wall_s": wall,
-            "cpu_us_per_turn": cpu / n_turns * 1e6,
-            "main_cpu_us_per_turn": main_cpu / n_turns * 1e6,
-            "first_wave_turns_per_s": first_wave,
-            "loop_lag_p99_ms": metrics.percentile("loop_lag_s", 99) * 1000,
-            "worker_loop_lag_p99_ms": metrics.percentile("worker_loop_lag_s", 99) * 1000
-            if workers > 1 else None}  # fmt: skip
+    return {
+        "turns_per_s": n_turns / wall,
+        "tokens_per_s": sampled / wall,
+        "wall_s": wall,
+        "cpu_us_per_turn": cpu / n_turns * 1e6,
+        "main_cpu_us_per_turn": main_cpu / n_turns * 1e6,
+        "first_wave_turns_per_s": first_wave,
+        "loop_lag_p99_ms": metrics.percentile("loop_lag_s", 99) * 1000,
+        "worker_loop_lag_p99_ms": metrics.percentile("worker_loop_lag_s", 99) * 1000
+        if workers > 1
+        else None,
+    }
 
 
 @contextlib.contextmanager
@@ -318,11 +348,13 @@ def profiled() -> Iterator[list[Any]]:
         threading.setprofile(None)  # type: ignore[arg-type]
 
 
-IDLE_WAITS = frozenset({
-    "<method 'get' of '_queue.SimpleQueue' objects>",
-    "<method 'acquire' of '_thread.lock' objects>",
-    "<method 'acquire' of '_thread.RLock' objects>",
-})  # fmt: skip
+IDLE_WAITS = frozenset(
+    {
+        "<method 'get' of '_queue.SimpleQueue' objects>",
+        "<method 'acquire' of '_thread.lock' objects>",
+        "<method 'acquire' of '_thread.RLock' objects>",
+    }
+)
 """Blocking waits of idle worker threads (see :func:`stage_shares`)."""
 
 
@@ -387,9 +419,17 @@ async def worker(args: argparse.Namespace) -> dict[str, Any]:
 def run_worker(tree: Path, args: argparse.Namespace, profile: bool) -> dict[str, Any]:
     """One round in a fresh process importing ``agentrl`` from ``tree``."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), str(ROOT)])}
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--model", args.model,
-           "--cases", ",".join(args.cases), "--workers", ",".join(map(str, args.workers))
-           ] + ([] if profile else ["--no-profile"])  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--worker",
+        "--model",
+        args.model,
+        "--cases",
+        ",".join(args.cases),
+        "--workers",
+        ",".join(map(str, args.workers)),
+    ] + ([] if profile else ["--no-profile"])
     # cwd: the tree, so that an older tree's rollout workers (started with -m) import it too
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tree, timeout=1800)
     if proc.returncode != 0:
@@ -402,13 +442,18 @@ def worktree(rev: str) -> Iterator[Path]:
     with tempfile.TemporaryDirectory(prefix="agentrl-ceiling-") as tmp:
         path = Path(tmp) / "tree"
         git = ["git", "-C", str(ROOT)]
-        subprocess.run([*git, "worktree", "add", "--detach", str(path), rev], check=True,
-                       capture_output=True, text=True)  # fmt: skip
+        subprocess.run(
+            [*git, "worktree", "add", "--detach", str(path), rev],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
         try:
             yield path
         finally:
-            subprocess.run([*git, "worktree", "remove", "--force", str(path)],
-                           capture_output=True, text=True)  # fmt: skip
+            subprocess.run(
+                [*git, "worktree", "remove", "--force", str(path)], capture_output=True, text=True
+            )
 
 
 def measure(args: argparse.Namespace, trees: dict[str, Path]) -> dict[str, Any]:
@@ -418,9 +463,12 @@ def measure(args: argparse.Namespace, trees: dict[str, Path]) -> dict[str, Any]:
             result = run_worker(tree, args, profile=args.profile and r == 0)
             rounds[name].append(result)
             for key, row in result["runs"].items():
-                print(f"  round {r + 1} {name}: {key}: {row['turns_per_s']:,.0f} turns/s, "
-                      f"{row['cpu_us_per_turn']:,.0f} us CPU/turn, loop lag p99 "
-                      f"{row['loop_lag_p99_ms']:.1f} ms", flush=True)  # fmt: skip
+                print(
+                    f"  round {r + 1} {name}: {key}: {row['turns_per_s']:,.0f} turns/s, "
+                    f"{row['cpu_us_per_turn']:,.0f} us CPU/turn, loop lag p99 "
+                    f"{row['loop_lag_p99_ms']:.1f} ms",
+                    flush=True,
+                )
     out: dict[str, Any] = {}
     for name, results in rounds.items():
         medians = {}
@@ -438,8 +486,10 @@ def markdown(result: dict[str, Any], args: argparse.Namespace) -> str:
     from benchmarks.common import table
 
     names = list(result)
-    md = ("### Rollout loop ceiling (instant engine, `bench/Echo-v0`; one event loop, and "
-          "through rollout worker processes)\n\n")  # fmt: skip
+    md = (
+        "### Rollout loop ceiling (instant engine, `bench/Echo-v0`; one event loop, and "
+        "through rollout worker processes)\n\n"
+    )
     rows = []
     keys = list(dict.fromkeys(k for name in names for k in result[name]["runs"]))
     for key in keys:
@@ -450,14 +500,34 @@ def markdown(result: dict[str, Any], args: argparse.Namespace) -> str:
             main = r.get("main_cpu_us_per_turn", r["cpu_us_per_turn"])
             worker_lag = r.get("worker_loop_lag_p99_ms")
             first = r.get("first_wave_turns_per_s")
-            rows.append([name, *key.split("/"), r["turns_per_s"], r["tokens_per_s"],
-                         r["cpu_us_per_turn"], main, r["loop_lag_p99_ms"],
-                         "" if worker_lag is None else worker_lag,
-                         "" if first is None else first])  # fmt: skip
-    md += table(["tree", "episodes x turns x tokens", "store", "turns/s", "tokens/s",
-                 "CPU us/turn (all processes)", "main process CPU us/turn",
-                 "main loop lag p99 (ms)", "workers' loop lag p99 (ms)",
-                 "first wave turns/s"], rows)  # fmt: skip
+            rows.append(
+                [
+                    name,
+                    *key.split("/"),
+                    r["turns_per_s"],
+                    r["tokens_per_s"],
+                    r["cpu_us_per_turn"],
+                    main,
+                    r["loop_lag_p99_ms"],
+                    "" if worker_lag is None else worker_lag,
+                    "" if first is None else first,
+                ]
+            )
+    md += table(
+        [
+            "tree",
+            "episodes x turns x tokens",
+            "store",
+            "turns/s",
+            "tokens/s",
+            "CPU us/turn (all processes)",
+            "main process CPU us/turn",
+            "main loop lag p99 (ms)",
+            "workers' loop lag p99 (ms)",
+            "first wave turns/s",
+        ],
+        rows,
+    )
     stage_names = [s for s, _ in STAGES] + ["runner bookkeeping"]
     rows = []
     for case in args.cases:
@@ -468,8 +538,10 @@ def markdown(result: dict[str, Any], args: argparse.Namespace) -> str:
             cpu = result[name]["runs"][f"{case}/store"]["cpu_us_per_turn"]
             rows.append([name, case, *(shares[s] * cpu for s in stage_names)])
     if rows:
-        md += ("\n\nCPU us per turn by stage, with the store (cProfile of one run, every "
-               "thread; its shares applied to the unprofiled CPU per turn):\n\n")  # fmt: skip
+        md += (
+            "\n\nCPU us per turn by stage, with the store (cProfile of one run, every "
+            "thread; its shares applied to the unprofiled CPU per turn):\n\n"
+        )
         md += table(["tree", "case", *stage_names], rows)
     md += f"\n\nMedian of {args.rounds} round(s); load average at the end: {_load()}."
     return md
@@ -485,12 +557,16 @@ def _load() -> str:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny", help="whose tokenizer and chat template")
-    parser.add_argument("--cases", default="1024x3x32,256x3x256",
-                        help="EPISODESxTURNSxTOKENS, comma-separated")  # fmt: skip
+    parser.add_argument(
+        "--cases", default="1024x3x32,256x3x256", help="EPISODESxTURNSxTOKENS, comma-separated"
+    )
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--workers", default="2",
-                        help="also run each case with the store through this many rollout "
-                        "worker processes (comma-separated; '' for none)")  # fmt: skip
+    parser.add_argument(
+        "--workers",
+        default="2",
+        help="also run each case with the store through this many rollout "
+        "worker processes (comma-separated; '' for none)",
+    )
     parser.add_argument("--compare", metavar="REV", help="also measure git revision REV")
     parser.add_argument("--no-profile", dest="profile", action="store_false")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -509,8 +585,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return {}
     if args.rounds < 1:
         raise SystemExit(f"--rounds {args.rounds}: it must be >= 1")
-    print(f"rollout loop ceiling: cases {args.cases}, {args.rounds} round(s)"
-          + (f", against {args.compare}" if args.compare else ""), flush=True)  # fmt: skip
+    print(
+        f"rollout loop ceiling: cases {args.cases}, {args.rounds} round(s)"
+        + (f", against {args.compare}" if args.compare else ""),
+        flush=True,
+    )
     with contextlib.ExitStack() as stack:
         trees = {}
         if args.compare:

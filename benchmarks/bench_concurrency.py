@@ -38,8 +38,16 @@ def rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-async def level_run(client, tokenizer, level: int, episodes: int, turns: int, tokens: int,
-                    store_dir: Path, workers: int = 1) -> dict:  # fmt: skip
+async def level_run(
+    client,
+    tokenizer,
+    level: int,
+    episodes: int,
+    turns: int,
+    tokens: int,
+    store_dir: Path,
+    workers: int = 1,
+) -> dict:
     import numpy as np
 
     from agentrl.metrics import LoopLagMonitor, Metrics
@@ -57,15 +65,22 @@ async def level_run(client, tokenizer, level: int, episodes: int, turns: int, to
             from agentrl.rollout.workers import WorkerRunner
 
             runner = await stack.enter_async_context(
-                WorkerRunner(client, tokenizer, dataclasses.replace(rollout, workers=workers),
-                             metrics=metrics, checkpoint=writer.partial,
-                             imports=["benchmarks.common"])
-            )  # fmt: skip
+                WorkerRunner(
+                    client,
+                    tokenizer,
+                    dataclasses.replace(rollout, workers=workers),
+                    metrics=metrics,
+                    checkpoint=writer.partial,
+                    imports=["benchmarks.common"],
+                )
+            )
         else:
-            runner = EpisodeRunner(client, tokenizer, rollout, metrics=metrics,
-                                   checkpoint=writer.partial)  # fmt: skip
-        scheduler = Scheduler(runner, queue, RolloutConfig(concurrency=level, group_size=1),
-                              writer=writer)  # fmt: skip
+            runner = EpisodeRunner(
+                client, tokenizer, rollout, metrics=metrics, checkpoint=writer.partial
+            )
+        scheduler = Scheduler(
+            runner, queue, RolloutConfig(concurrency=level, group_size=1), writer=writer
+        )
         tasks = list(tasks_for("bench/Echo-v0", episodes, turns=turns, step_s=STEP_S))
         async with LoopLagMonitor(metrics):
             t0 = time.perf_counter()
@@ -88,7 +103,10 @@ async def level_run(client, tokenizer, level: int, episodes: int, turns: int, to
     queue_bytes = sum(s.size_diff for s in after.compare_to(before, "filename"))
     del copies
     return {
-        "concurrency": level, "workers": workers, "episodes": episodes, "wall_s": wall,
+        "concurrency": level,
+        "workers": workers,
+        "episodes": episodes,
+        "wall_s": wall,
         "tokens_per_s": sampled / wall,
         "latency_p50_s": float(np.percentile(latency, 50)),
         "latency_p99_s": float(np.percentile(latency, 99)),
@@ -99,7 +117,7 @@ async def level_run(client, tokenizer, level: int, episodes: int, turns: int, to
         "store_file_bytes_per_token": db_bytes / max(tokens_total, 1),
         "queue_bytes_per_token": queue_bytes / max(tokens_total, 1),
         "tokens_stored": tokens_total,
-    }  # fmt: skip
+    }
 
 
 def _copy(t):
@@ -117,8 +135,7 @@ async def main_async(args: argparse.Namespace) -> list[dict]:
 
     path = resolve_model(args.model)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    config = InferenceConfig(max_model_len=512, max_num_seqs=256,
-                             kv_cache_mib=512)  # fmt: skip
+    config = InferenceConfig(max_model_len=512, max_num_seqs=256, kv_cache_mib=512)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         async with await VLLMEngineClient.start(path, config) as client:
@@ -126,13 +143,28 @@ async def main_async(args: argparse.Namespace) -> list[dict]:
             await level_run(client, tokenizer, 8, 8, 2, 8, Path(tmp) / "warm")
             for level in args.levels:
                 episodes = max(level, args.min_episodes)
-                row = await level_run(client, tokenizer, level, episodes, args.turns,
-                                      args.tokens, Path(tmp) / f"c{level}")  # fmt: skip
+                row = await level_run(
+                    client,
+                    tokenizer,
+                    level,
+                    episodes,
+                    args.turns,
+                    args.tokens,
+                    Path(tmp) / f"c{level}",
+                )
                 rows.append(row)
                 _say(row)
                 for n in args.workers if level in args.worker_levels else ():
-                    row = await level_run(client, tokenizer, level, episodes, args.turns,
-                                          args.tokens, Path(tmp) / f"c{level}w{n}", n)  # fmt: skip
+                    row = await level_run(
+                        client,
+                        tokenizer,
+                        level,
+                        episodes,
+                        args.turns,
+                        args.tokens,
+                        Path(tmp) / f"c{level}w{n}",
+                        n,
+                    )
                     rows.append(row)
                     _say(row)
     return rows
@@ -141,10 +173,13 @@ async def main_async(args: argparse.Namespace) -> list[dict]:
 def _say(row: dict) -> None:
     level = row["concurrency"]
     where = f" ({row['workers']} rollout workers)" if row["workers"] > 1 else ""
-    print(f"  {level:5d} at once{where}: {row['tokens_per_s']:,.0f} tok/s, latency p50 "
-          f"{row['latency_p50_s']:.2f} s p99 {row['latency_p99_s']:.2f} s, loop lag "
-          f"p99 {row['loop_lag_p99_ms']:.1f} ms, peak RSS "
-          f"{row['peak_rss_mib']:.0f} MiB", flush=True)  # fmt: skip
+    print(
+        f"  {level:5d} at once{where}: {row['tokens_per_s']:,.0f} tok/s, latency p50 "
+        f"{row['latency_p50_s']:.2f} s p99 {row['latency_p99_s']:.2f} s, loop lag "
+        f"p99 {row['loop_lag_p99_ms']:.1f} ms, peak RSS "
+        f"{row['peak_rss_mib']:.0f} MiB",
+        flush=True,
+    )
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -154,47 +189,81 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--min-episodes", type=int, default=64)
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=16)
-    parser.add_argument("--workers", default="2",
-                        help="also run the --worker-levels through this many rollout worker "
-                        "processes (comma-separated; '' for none)")  # fmt: skip
+    parser.add_argument(
+        "--workers",
+        default="2",
+        help="also run the --worker-levels through this many rollout worker "
+        "processes (comma-separated; '' for none)",
+    )
     parser.add_argument("--worker-levels", default="1024,4096")
     args = parser.parse_args(argv)
     args.levels = [int(x) for x in str(args.levels).split(",")]
     args.workers = [int(x) for x in str(args.workers).split(",") if x.strip()]
     args.worker_levels = [int(x) for x in str(args.worker_levels).split(",") if x.strip()]
-    print(f"concurrency sweep: levels {args.levels}, {args.turns} turns x {args.tokens} tokens, "
-          f"env step {STEP_S * 1000:.0f} ms", flush=True)  # fmt: skip
+    print(
+        f"concurrency sweep: levels {args.levels}, {args.turns} turns x {args.tokens} tokens, "
+        f"env step {STEP_S * 1000:.0f} ms",
+        flush=True,
+    )
     rows = asyncio.run(main_async(args))
     md = "### Concurrency sweep (env step waits 50 ms)\n\n" + table(
-        ["episodes at once", "rollout processes", "tokens/s", "latency p50 (s)",
-         "latency p99 (s)", "loop lag p99 (ms)", "workers' loop lag p99 (ms)",
-         "peak RSS (MiB)"],
-        [[r["concurrency"], r["workers"], r["tokens_per_s"], r["latency_p50_s"],
-          r["latency_p99_s"], r["loop_lag_p99_ms"],
-          r["worker_loop_lag_p99_ms"] if r["workers"] > 1 else "",
-          r["peak_rss_mib"]] for r in rows],
-    )  # fmt: skip
+        [
+            "episodes at once",
+            "rollout processes",
+            "tokens/s",
+            "latency p50 (s)",
+            "latency p99 (s)",
+            "loop lag p99 (ms)",
+            "workers' loop lag p99 (ms)",
+            "peak RSS (MiB)",
+        ],
+        [
+            [
+                r["concurrency"],
+                r["workers"],
+                r["tokens_per_s"],
+                r["latency_p50_s"],
+                r["latency_p99_s"],
+                r["loop_lag_p99_ms"],
+                r["worker_loop_lag_p99_ms"] if r["workers"] > 1 else "",
+                r["peak_rss_mib"],
+            ]
+            for r in rows
+        ],
+    )
     top = [r for r in rows if r["workers"] == 1][-1]
-    md += (f"\n\nTarget: loop lag p99 < 50 ms at {top['concurrency']}: one loop "
-           f"{'met' if top['loop_lag_p99_ms'] < 50 else 'NOT met'} "
-           f"({top['loop_lag_p99_ms']:.1f} ms)")  # fmt: skip
+    md += (
+        f"\n\nTarget: loop lag p99 < 50 ms at {top['concurrency']}: one loop "
+        f"{'met' if top['loop_lag_p99_ms'] < 50 else 'NOT met'} "
+        f"({top['loop_lag_p99_ms']:.1f} ms)"
+    )
     for r in rows:
         if r["workers"] > 1 and r["concurrency"] == top["concurrency"]:
-            md += (f"; {r['workers']} rollout workers "
-                   f"{'met' if r['loop_lag_p99_ms'] < 50 else 'NOT met'} "
-                   f"({r['loop_lag_p99_ms']:.1f} ms, the main process's loop; the "
-                   f"workers' loops {r['worker_loop_lag_p99_ms']:.1f} ms)")  # fmt: skip
+            md += (
+                f"; {r['workers']} rollout workers "
+                f"{'met' if r['loop_lag_p99_ms'] < 50 else 'NOT met'} "
+                f"({r['loop_lag_p99_ms']:.1f} ms, the main process's loop; the "
+                f"workers' loops {r['worker_loop_lag_p99_ms']:.1f} ms)"
+            )
     md += ". With workers, peak RSS is the main process's; each worker has its own."
     md += "\n\n### Memory\n\n" + table(
         ["where", "bytes per token"],
-        [["store: token arrays", top["store_array_bytes_per_token"]],
-         ["store: whole SQLite file (messages, checkpoints, indexes)",
-          top["store_file_bytes_per_token"]],
-         ["queue: a trajectory in memory (arrays + Python objects)",
-          top["queue_bytes_per_token"]]],
-    )  # fmt: skip
-    md += (f"\n\nPeak RSS of the rollout process with {top['concurrency']} episodes at once: "
-           f"{top['peak_rss_mib']:.0f} MiB.")  # fmt: skip
+        [
+            ["store: token arrays", top["store_array_bytes_per_token"]],
+            [
+                "store: whole SQLite file (messages, checkpoints, indexes)",
+                top["store_file_bytes_per_token"],
+            ],
+            [
+                "queue: a trajectory in memory (arrays + Python objects)",
+                top["queue_bytes_per_token"],
+            ],
+        ],
+    )
+    md += (
+        f"\n\nPeak RSS of the rollout process with {top['concurrency']} episodes at once: "
+        f"{top['peak_rss_mib']:.0f} MiB."
+    )
     print(md, flush=True)
     result = {"levels": rows}
     save("concurrency", vars(args), result, md)

@@ -44,10 +44,21 @@ def _trajectory(rng: np.random.Generator, task: int, index: int, vocab: int) -> 
     add("env", 16, 1)
     add("assistant", 8, 1)
     reward = float(rng.random() < 0.5)
-    return Trajectory(episode_id=f"t{task}/{index}", task_id=f"t{task}", env_id="bench",
-                      seed=task, token_ids=ids, logprobs=logprobs, versions=versions,
-                      loss_mask=mask, spans=tuple(spans), messages=[], turn_rewards=[reward],
-                      reward=reward, status="finished")  # fmt: skip
+    return Trajectory(
+        episode_id=f"t{task}/{index}",
+        task_id=f"t{task}",
+        env_id="bench",
+        seed=task,
+        token_ids=ids,
+        logprobs=logprobs,
+        versions=versions,
+        loss_mask=mask,
+        spans=tuple(spans),
+        messages=[],
+        turn_rewards=[reward],
+        reward=reward,
+        status="finished",
+    )
 
 
 def main() -> int:
@@ -69,9 +80,10 @@ def main() -> int:
     trainer = Trainer(str(model), TrainerConfig(lr=1e-4), temperature=1.0, seed=0)
     rng = np.random.default_rng(0)
     vocab = trainer.model.get_input_embeddings().num_embeddings
-    groups = [Group(Task(f"t{g}", "bench", g), 8,
-                    [_trajectory(rng, g, i, vocab) for i in range(8)])
-              for g in range(args.groups)]  # fmt: skip
+    groups = [
+        Group(Task(f"t{g}", "bench", g), 8, [_trajectory(rng, g, i, vocab) for i in range(8)])
+        for g in range(args.groups)
+    ]
     tokens = sum(len(t.token_ids) for g in groups for t in g.trajectories)
     times: dict[str, list[float]] = {"one core": [], "every core": []}
     trainer.pin()
@@ -82,12 +94,15 @@ def main() -> int:
             trainer.pin()
             times[name].append(timed(lambda: trainer.train_step(groups))[0])
     one, every = statistics.median(times["one core"]), statistics.median(times["every core"])
-    rows = [[name, statistics.median(v), tokens / statistics.median(v)]
-            for name, v in times.items()]  # fmt: skip
-    markdown = (f"calculator-demo train step ({args.groups} groups x 8, {tokens} tokens), "
-                f"{cores} cores, median of {args.reps}:\n\n"
-                + table(["trainer", "s/step", "tokens/s"], rows)
-                + f"\n\nevery core / one core speed: {one / every:.2f}x")  # fmt: skip
+    rows = [
+        [name, statistics.median(v), tokens / statistics.median(v)] for name, v in times.items()
+    ]
+    markdown = (
+        f"calculator-demo train step ({args.groups} groups x 8, {tokens} tokens), "
+        f"{cores} cores, median of {args.reps}:\n\n"
+        + table(["trainer", "s/step", "tokens/s"], rows)
+        + f"\n\nevery core / one core speed: {one / every:.2f}x"
+    )
     print(markdown)
     save(
         "cpu_trainer",

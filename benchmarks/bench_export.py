@@ -46,9 +46,12 @@ def episode(i: int) -> Trajectory:
     for start, end, version in sampled:
         for k in range(start, end):
             logprobs[k], versions[k], mask[k] = -0.25, version, 1
-    spans = (TokenSpan("prompt", 0, PROMPT, 0), TokenSpan("assistant", PROMPT, PROMPT + CALL, 0),
-             TokenSpan("tool", PROMPT + CALL, PROMPT + CALL + RESULT, 1),
-             TokenSpan("assistant", PROMPT + CALL + RESULT, n, 1))  # fmt: skip
+    spans = (
+        TokenSpan("prompt", 0, PROMPT, 0),
+        TokenSpan("assistant", PROMPT, PROMPT + CALL, 0),
+        TokenSpan("tool", PROMPT + CALL, PROMPT + CALL + RESULT, 1),
+        TokenSpan("assistant", PROMPT + CALL + RESULT, n, 1),
+    )
     a, b = i % 997, i % 991
     call = {"name": "calculator", "arguments": {"expression": f"{a}+{b}"}}
     messages = [
@@ -58,14 +61,28 @@ def episode(i: int) -> Trajectory:
         {"role": "tool", "name": "calculator", "content": str(a + b)},
         {"role": "assistant", "content": f"Answer: {a + b}"},
     ]
-    env_log = [{"obs": messages[1:2]}, {"tool": "calculator", **call, "result": str(a + b)},
-               {"action": messages[-1]["content"], "reward": 1.0, "terminated": True}]  # fmt: skip
+    env_log = [
+        {"obs": messages[1:2]},
+        {"tool": "calculator", **call, "result": str(a + b)},
+        {"action": messages[-1]["content"], "reward": 1.0, "terminated": True},
+    ]
     return Trajectory(
-        episode_id=f"t{i}/0", task_id=f"t{i}", env_id="agentrl/Calculator-v0", seed=i,
-        token_ids=ids, logprobs=logprobs, versions=versions, loss_mask=mask, spans=spans,
-        messages=messages, turn_rewards=[0.0, 1.0], reward=1.0, status="finished",
-        reason="env terminated", env_log=env_log,
-    )  # fmt: skip
+        episode_id=f"t{i}/0",
+        task_id=f"t{i}",
+        env_id="agentrl/Calculator-v0",
+        seed=i,
+        token_ids=ids,
+        logprobs=logprobs,
+        versions=versions,
+        loss_mask=mask,
+        spans=spans,
+        messages=messages,
+        turn_rewards=[0.0, 1.0],
+        reward=1.0,
+        status="finished",
+        reason="env terminated",
+        env_log=env_log,
+    )
 
 
 def build_store(run_dir: Path, episodes: int) -> float:
@@ -78,8 +95,9 @@ def build_store(run_dir: Path, episodes: int) -> float:
             tasks = [Task(t.task_id, t.env_id, i) for i, t in enumerate(batch, first)]
             with store.batch():
                 store.add_tasks(tasks, 1)
-                store.episodes_started([(t.episode_id, task, 0, 0)
-                                        for t, task in zip(batch, tasks, strict=True)])  # fmt: skip
+                store.episodes_started(
+                    [(t.episode_id, task, 0, 0) for t, task in zip(batch, tasks, strict=True)]
+                )
                 store.save_episodes([([t], False) for t in batch])
     return time.perf_counter() - started
 
@@ -95,9 +113,17 @@ def child(run_dir: str, fmt: str, out: str, limit: int) -> None:
     with EpisodeStore.open(run_dir, create=False) as store:
         result = asyncio.run(export_run(store, fmt, out, limit=limit))  # type: ignore[arg-type]
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"episodes": result.episodes, "seconds": result.seconds,
-                      "peak_rss_mib": peak / 1024, "import_rss_mib": baseline / 1024,
-                      "bytes": _size(result.path)}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "episodes": result.episodes,
+                "seconds": result.seconds,
+                "peak_rss_mib": peak / 1024,
+                "import_rss_mib": baseline / 1024,
+                "bytes": _size(result.path),
+            }
+        )
+    )
 
 
 def _size(path: Path) -> int:
@@ -109,16 +135,21 @@ def measure(run_dir: Path, scratch: Path, fmt: str, limit: int) -> dict:
     out = scratch / (f"out-{limit}" if fmt == "inspect" else f"out-{limit}.{fmt}")
     proc = subprocess.run(
         [sys.executable, __file__, "--child", str(run_dir), fmt, str(out), str(limit)],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     row = json.loads(proc.stdout.strip().splitlines()[-1])
     if out.is_dir():
         shutil.rmtree(out)
     else:
         out.unlink()
     row["per_s"] = row["episodes"] / row["seconds"]
-    print(f"  {fmt} x {limit}: {row['seconds']:.1f} s, {row['per_s']:.0f} episodes/s, peak RSS "
-          f"{row['peak_rss_mib']:.0f} MiB", flush=True)  # fmt: skip
+    print(
+        f"  {fmt} x {limit}: {row['seconds']:.1f} s, {row['per_s']:.0f} episodes/s, peak RSS "
+        f"{row['peak_rss_mib']:.0f} MiB",
+        flush=True,
+    )
     return row
 
 
@@ -127,8 +158,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--episodes", type=int, default=100_000)
     parser.add_argument("--small", type=int, default=10_000)
     parser.add_argument("--formats", default="jsonl,atif,inspect")
-    parser.add_argument("--inspect-episodes", type=int, default=100_000,
-                        help="the larger size for inspect (its writer is the slowest)")  # fmt: skip
+    parser.add_argument(
+        "--inspect-episodes",
+        type=int,
+        default=100_000,
+        help="the larger size for inspect (its writer is the slowest)",
+    )
     parser.add_argument("--child", nargs=4, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -139,8 +174,10 @@ def main(argv: list[str] | None = None) -> dict:
         scratch = Path(tmp)
         built = build_store(scratch / "run", args.episodes)
         size = (scratch / "run" / "episodes.db").stat().st_size
-        print(f"  store: {args.episodes} episodes in {built:.0f} s, {size / 2**20:.0f} MiB",
-              flush=True)  # fmt: skip
+        print(
+            f"  store: {args.episodes} episodes in {built:.0f} s, {size / 2**20:.0f} MiB",
+            flush=True,
+        )
         rows = {}
         for f in formats:
             big = min(args.episodes, args.inspect_episodes if f == "inspect" else args.episodes)
@@ -157,11 +194,31 @@ def _markdown(rows: dict, args: argparse.Namespace, built: float) -> str:
     lines = []
     for f, by_size in rows.items():
         (small, a), (big, b) = sorted(by_size.items())
-        lines.append([f, f"{big:,}", b["seconds"], b["per_s"], f"{a['peak_rss_mib']:.0f} at "
-                      f"{small:,}", f"{b['peak_rss_mib']:.0f} at {big:,}", b["import_rss_mib"],
-                      b["bytes"] / 2**20])  # fmt: skip
-    body = table(["format", "episodes", "seconds", "episodes/s", "peak RSS (MiB)",
-                  "peak RSS (MiB)", "after imports (MiB)", "file (MiB)"], lines)  # fmt: skip
+        lines.append(
+            [
+                f,
+                f"{big:,}",
+                b["seconds"],
+                b["per_s"],
+                f"{a['peak_rss_mib']:.0f} at {small:,}",
+                f"{b['peak_rss_mib']:.0f} at {big:,}",
+                b["import_rss_mib"],
+                b["bytes"] / 2**20,
+            ]
+        )
+    body = table(
+        [
+            "format",
+            "episodes",
+            "seconds",
+            "episodes/s",
+            "peak RSS (MiB)",
+            "peak RSS (MiB)",
+            "after imports (MiB)",
+            "file (MiB)",
+        ],
+        lines,
+    )
     return (
         "### Export (`agentrl export`), Calculator-shaped episodes of 230 tokens\n\n"
         + body

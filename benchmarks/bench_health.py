@@ -52,13 +52,23 @@ def demo_groups(rng: np.random.Generator, groups: int = 16, size: int = 8) -> li
             mask = np.zeros(len(ids), np.int8)
             for s in spans[1:]:
                 mask[s.start : s.end] = s.kind == "assistant"
-            trajectories.append(Trajectory(
-                episode_id=f"t{g}/{e}", task_id=f"t{g}", env_id="calc", seed=g, token_ids=ids,
-                logprobs=np.where(mask == 1, -rng.random(len(ids)), np.nan),
-                versions=np.where(mask == 1, 0, -1), loss_mask=mask, spans=tuple(spans),
-                messages=messages, turn_rewards=[1.0], reward=float(rng.random() < 0.5),
-                status="finished",
-            ))  # fmt: skip
+            trajectories.append(
+                Trajectory(
+                    episode_id=f"t{g}/{e}",
+                    task_id=f"t{g}",
+                    env_id="calc",
+                    seed=g,
+                    token_ids=ids,
+                    logprobs=np.where(mask == 1, -rng.random(len(ids)), np.nan),
+                    versions=np.where(mask == 1, 0, -1),
+                    loss_mask=mask,
+                    spans=tuple(spans),
+                    messages=messages,
+                    turn_rewards=[1.0],
+                    reward=float(rng.random() < 0.5),
+                    status="finished",
+                )
+            )
         out.append(Group(Task(f"t{g}", "calc", g), size, trajectories))
     return out
 
@@ -71,9 +81,17 @@ def timed(fn: Any, times: int) -> float:
 def measure(steps: int, repeat: int) -> dict[str, float]:
     rng = np.random.default_rng(0)
     groups = demo_groups(rng)
-    row = {"step": 1, **step_signals(groups), "kl": 0.01, "logprob_gap_fresh": 0.01,
-           "clip_fraction": 0.02, "masked_fraction": 0.0, "staleness_mean": 0.5,
-           "reward_mean": 0.5, "success_rate": 0.5}  # fmt: skip
+    row = {
+        "step": 1,
+        **step_signals(groups),
+        "kl": 0.01,
+        "logprob_gap_fresh": 0.01,
+        "clip_fraction": 0.02,
+        "masked_fraction": 0.0,
+        "staleness_mean": 0.5,
+        "reward_mean": 0.5,
+        "success_rate": 0.5,
+    }
     watch = HealthWatch(HealthConfig(), max_staleness=1)
     for step in range(1, steps + 1):
         watch.observe(step, {**row, "step": step, "entropy": 0.5 + 0.01 * (step % 3)})
@@ -97,10 +115,18 @@ def main() -> None:
     rows.append(("total (signals + observe)", f"{total * 1e6:,.0f}", f"{total / DEMO_STEP_S:.4%}"))
     markdown = table(("part", "us per step", f"of a {DEMO_STEP_S:.1f} s demo step"), rows)
     print(markdown)
-    results = {"costs_s": costs, "total_s": total, "demo_step_s": DEMO_STEP_S,
-               "share_of_step": total / DEMO_STEP_S}  # fmt: skip
-    settings = {"steps_in_history": args.steps, "repeat": args.repeat, "groups": 16,
-                "group_size": 8}  # fmt: skip
+    results = {
+        "costs_s": costs,
+        "total_s": total,
+        "demo_step_s": DEMO_STEP_S,
+        "share_of_step": total / DEMO_STEP_S,
+    }
+    settings = {
+        "steps_in_history": args.steps,
+        "repeat": args.repeat,
+        "groups": 16,
+        "group_size": 8,
+    }
     print(f"wrote {save('health', settings, results, markdown)}")
 
 

@@ -45,12 +45,20 @@ async def one_size(name: str, updates: int, cache: Path) -> dict:
     from agentrl.trainer.trainer import Trainer
 
     hidden, layers, heads, kv, inter = SIZES[name]
-    model = build_tiny_model(TinyModelConfig(hidden_size=hidden, num_hidden_layers=layers,
-                                             num_attention_heads=heads, num_key_value_heads=kv,
-                                             intermediate_size=inter, initializer_range=0.02),
-                             cache_dir=cache)  # fmt: skip
-    config = InferenceConfig(dtype="float32", enforce_eager=False,
-                             kv_cache_mib=4096, weight_transfer="nccl")  # fmt: skip
+    model = build_tiny_model(
+        TinyModelConfig(
+            hidden_size=hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=kv,
+            intermediate_size=inter,
+            initializer_range=0.02,
+        ),
+        cache_dir=cache,
+    )
+    config = InferenceConfig(
+        dtype="float32", enforce_eager=False, kv_cache_mib=4096, weight_transfer="nccl"
+    )
     async with await VLLMEngineClient.start(str(model), config) as engine:
         trainer = Trainer(str(model), TrainerConfig(lr=1e-4), temperature=1.0, seed=0)
         trainer.model.to("cuda")
@@ -74,16 +82,23 @@ async def one_size(name: str, updates: int, cache: Path) -> dict:
         with torch.no_grad():
             logits = trainer.model(ids).logits[0, len(prompt) - 1 : -1]
         ours = torch.log_softmax(logits.float(), -1).gather(
-            1, torch.tensor(gen.token_ids, device="cuda")[:, None])[:, 0]  # fmt: skip
+            1, torch.tensor(gen.token_ids, device="cuda")[:, None]
+        )[:, 0]
         gap = (ours.cpu() - torch.tensor(gen.logprobs)).abs().mean().item()
         sender.close()
     # the first update includes connecting; report the steady state when there is one
     steady = send_s[1:] or send_s
     p50 = statistics.median(steady)
-    return {"size": name, "params": params, "bytes": sent, "send_ms_p50": p50 * 1000,
-            "pause_to_resume_ms_p50": statistics.median(pause_s[1:] or pause_s) * 1000,
-            "gb_per_s": sent / p50 / 1e9 if p50 else float("nan"), "logprob_gap": gap,
-            "updates": updates}  # fmt: skip
+    return {
+        "size": name,
+        "params": params,
+        "bytes": sent,
+        "send_ms_p50": p50 * 1000,
+        "pause_to_resume_ms_p50": statistics.median(pause_s[1:] or pause_s) * 1000,
+        "gb_per_s": sent / p50 / 1e9 if p50 else float("nan"),
+        "logprob_gap": gap,
+        "updates": updates,
+    }
 
 
 def main() -> int:
@@ -112,12 +127,28 @@ def main() -> int:
         print(result, flush=True)
         rows.append(result)
     markdown = table(
-        ["Model", "Parameters", "Bytes sent", "Send p50 (ms)", "Pause-to-resume p50 (ms)",
-         "GB/s", "Logprob gap"],
-        [[r["size"], f"{r['params'] / 1e6:.0f}M", f"{r['bytes'] / 2**20:.0f} MiB",
-          r["send_ms_p50"], r["pause_to_resume_ms_p50"], r["gb_per_s"],
-          f"{r['logprob_gap']:.1e}"] for r in rows],
-    )  # fmt: skip
+        [
+            "Model",
+            "Parameters",
+            "Bytes sent",
+            "Send p50 (ms)",
+            "Pause-to-resume p50 (ms)",
+            "GB/s",
+            "Logprob gap",
+        ],
+        [
+            [
+                r["size"],
+                f"{r['params'] / 1e6:.0f}M",
+                f"{r['bytes'] / 2**20:.0f} MiB",
+                r["send_ms_p50"],
+                r["pause_to_resume_ms_p50"],
+                r["gb_per_s"],
+                f"{r['logprob_gap']:.1e}",
+            ]
+            for r in rows
+        ],
+    )
     print(markdown)
     save("nccl_sync", {"sizes": args.sizes, "updates": args.updates}, rows, markdown)
     return 0

@@ -57,8 +57,17 @@ def env_server(env_id: str, kwargs: dict[str, Any]) -> Iterator[str]:
     """``agentrl serve-env`` for ``env_id`` on a free loopback port; its URL."""
     port = free_port()
     agentrl = str(Path(sys.executable).parent / "agentrl")
-    args = [agentrl, "serve-env", env_id, "--port", str(port), "--import", "benchmarks.common",
-            "--kwargs", json.dumps(kwargs)]  # fmt: skip
+    args = [
+        agentrl,
+        "serve-env",
+        env_id,
+        "--port",
+        str(port),
+        "--import",
+        "benchmarks.common",
+        "--kwargs",
+        json.dumps(kwargs),
+    ]
     environ = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path[1:]])}
     log = tempfile.TemporaryFile()
     proc = subprocess.Popen(args, cwd=ROOT, env=environ, stdout=log, stderr=subprocess.STDOUT)
@@ -122,31 +131,51 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=2000, help="timed steps per env and way")
     args = parser.parse_args(argv)
-    print(f"remote env cost: {list(ENVS)} ({args.steps} steps each, local and remote "
-          "interleaved)", flush=True)  # fmt: skip
+    print(
+        f"remote env cost: {list(ENVS)} ({args.steps} steps each, local and remote interleaved)",
+        flush=True,
+    )
     results: dict[str, dict[str, float]] = {}
     rows = []
     for env_id, (kwargs, _) in ENVS.items():
         with env_server(env_id, kwargs) as url:
             times = asyncio.run(measure(env_id, url, args.steps))
-        figures = {f"{way}_{name}_us": 1e6 * fn(times[way]) for way in ("local", "remote")
-                   for name, fn in (("p50", statistics.median),
-                                    ("p99", lambda v: quantile(v, 0.99)))}  # fmt: skip
+        figures = {
+            f"{way}_{name}_us": 1e6 * fn(times[way])
+            for way in ("local", "remote")
+            for name, fn in (("p50", statistics.median), ("p99", lambda v: quantile(v, 0.99)))
+        }
         results[env_id] = figures
         p50 = figures["remote_p50_us"] - figures["local_p50_us"]
         p99 = figures["remote_p99_us"] - figures["local_p99_us"]
-        rows.append([f"`{env_id}`", figures["local_p50_us"], figures["local_p99_us"],
-                     figures["remote_p50_us"], figures["remote_p99_us"], p50, p99])  # fmt: skip
-        print(f"  {env_id}: local p50 {figures['local_p50_us']:.1f} us, remote p50 "
-              f"{figures['remote_p50_us']:.1f} us (+{p50:.1f} us)", flush=True)  # fmt: skip
-    md = (
-        "### Remote env cost per step (`agentrl serve-env` + RemoteEnv over loopback)\n\n"
-        + table(
-            ["env", "local p50 (µs)", "local p99 (µs)", "remote p50 (µs)", "remote p99 (µs)",
-             "overhead p50 (µs)", "overhead p99 (µs)"],
-            rows,
+        rows.append(
+            [
+                f"`{env_id}`",
+                figures["local_p50_us"],
+                figures["local_p99_us"],
+                figures["remote_p50_us"],
+                figures["remote_p99_us"],
+                p50,
+                p99,
+            ]
         )
-    )  # fmt: skip
+        print(
+            f"  {env_id}: local p50 {figures['local_p50_us']:.1f} us, remote p50 "
+            f"{figures['remote_p50_us']:.1f} us (+{p50:.1f} us)",
+            flush=True,
+        )
+    md = "### Remote env cost per step (`agentrl serve-env` + RemoteEnv over loopback)\n\n" + table(
+        [
+            "env",
+            "local p50 (µs)",
+            "local p99 (µs)",
+            "remote p50 (µs)",
+            "remote p99 (µs)",
+            "overhead p50 (µs)",
+            "overhead p99 (µs)",
+        ],
+        rows,
+    )
     md += (
         f"\n\n{args.steps} steps per env and way through EnvHandle, local and remote "
         "interleaved step by step; the server is a separate process on the same machine."

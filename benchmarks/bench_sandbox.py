@@ -72,9 +72,11 @@ async def measure(mechanisms: list[str], args: argparse.Namespace) -> dict[str, 
             "loaded_p50_ms": 1000 * statistics.median(loaded[m]),
             "loaded_p99_ms": 1000 * quantile(loaded[m], 0.99),
         }
-        print(f"  {m}: p50 {rows[m]['p50_ms']:.0f} ms, p99 {rows[m]['p99_ms']:.0f} ms, "
-              f"{rows[m]['calls_per_s']:.1f} calls/s at {args.concurrent} at once",
-              flush=True)  # fmt: skip
+        print(
+            f"  {m}: p50 {rows[m]['p50_ms']:.0f} ms, p99 {rows[m]['p99_ms']:.0f} ms, "
+            f"{rows[m]['calls_per_s']:.1f} calls/s at {args.concurrent} at once",
+            flush=True,
+        )
     return rows
 
 
@@ -86,19 +88,27 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     unavailable = {m: probe(m) for m in MECHANISMS if probe(m) is not None}
     mechanisms = [m for m in MECHANISMS if m not in unavailable]
-    print(f"sandbox cost: {mechanisms} ({args.calls} serial calls each, "
-          f"{args.rounds} x {args.concurrent} concurrent)", flush=True)  # fmt: skip
+    print(
+        f"sandbox cost: {mechanisms} ({args.calls} serial calls each, "
+        f"{args.rounds} x {args.concurrent} concurrent)",
+        flush=True,
+    )
     rows = asyncio.run(measure(mechanisms, args))
-    md = (
-        "### Sandbox cost per call (`print(1)` through the python tool's sandbox)\n\n"
-        + table(
-            ["mechanism", "p50 (ms)", "p99 (ms)", f"calls/s at {args.concurrent} at once",
-             f"p50 at {args.concurrent} (ms)", f"p99 at {args.concurrent} (ms)"],
-            [[m, r["p50_ms"], r["p99_ms"], r["calls_per_s"], r["loaded_p50_ms"],
-              r["loaded_p99_ms"]] for m, r in rows.items()]
-            + [[m, "n/a", "n/a", "n/a", "n/a", why] for m, why in unavailable.items()],
-        )
-    )  # fmt: skip
+    md = "### Sandbox cost per call (`print(1)` through the python tool's sandbox)\n\n" + table(
+        [
+            "mechanism",
+            "p50 (ms)",
+            "p99 (ms)",
+            f"calls/s at {args.concurrent} at once",
+            f"p50 at {args.concurrent} (ms)",
+            f"p99 at {args.concurrent} (ms)",
+        ],
+        [
+            [m, r["p50_ms"], r["p99_ms"], r["calls_per_s"], r["loaded_p50_ms"], r["loaded_p99_ms"]]
+            for m, r in rows.items()
+        ]
+        + [[m, "n/a", "n/a", "n/a", "n/a", why] for m, why in unavailable.items()],
+    )
     md += (
         f"\n\nOne call at a time: {args.calls} per mechanism, interleaved. `process` has no "
         "OS isolation: the tool's cost before it (plus the seccomp filter)."

@@ -44,8 +44,9 @@ def _cpu_s(pids: list[int]) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
-async def one_round(client: Any, server_pids: list[int], requests: int, tokens: int,
-                    tag: str) -> dict[str, float]:  # fmt: skip
+async def one_round(
+    client: Any, server_pids: list[int], requests: int, tokens: int, tag: str
+) -> dict[str, float]:
     from agentrl.inference.base import SamplingConfig
 
     prompt = list(range(100, 140))
@@ -59,8 +60,11 @@ async def one_round(client: Any, server_pids: list[int], requests: int, tokens: 
     sampled = sum(len(r.token_ids) for r in results)
     if sampled != requests * tokens:
         raise RuntimeError(f"sampled {sampled} tokens, expected {requests * tokens}")
-    return {"tokens_per_s": sampled / wall, "client_us_per_token": cpu / sampled * 1e6,
-            "server_cpu_s": server}  # fmt: skip
+    return {
+        "tokens_per_s": sampled / wall,
+        "client_us_per_token": cpu / sampled * 1e6,
+        "server_cpu_s": server,
+    }
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
@@ -74,8 +78,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     rounds: dict[int, list[dict[str, float]]] = {i: [] for i in intervals}
     with tempfile.TemporaryDirectory() as logs:
         print("starting vllm serve ...", flush=True)
-        server = await served.VLLMServer.start(str(resolve_model(args.model)), config,
-                                               log_dir=Path(logs))  # fmt: skip
+        server = await served.VLLMServer.start(
+            str(resolve_model(args.model)), config, log_dir=Path(logs)
+        )
         try:
             pids = [server.process.pid, *descendants(server.process.pid)]
             async with served.VLLMServerClient(server.url, config) as client:
@@ -85,12 +90,16 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 for r in range(args.rounds):
                     for interval in intervals if r % 2 == 0 else intervals[::-1]:
                         served.STREAM_INTERVAL = interval
-                        row = await one_round(client, pids, args.requests, args.tokens,
-                                              f"r{r}-{interval}")  # fmt: skip
+                        row = await one_round(
+                            client, pids, args.requests, args.tokens, f"r{r}-{interval}"
+                        )
                         rounds[interval].append(row)
-                        print(f"  round {r + 1}, every {interval}: {row['tokens_per_s']:,.0f} "
-                              f"tok/s, client {row['client_us_per_token']:.1f} us a token, "
-                              f"server {row['server_cpu_s']:.2f} s CPU", flush=True)  # fmt: skip
+                        print(
+                            f"  round {r + 1}, every {interval}: {row['tokens_per_s']:,.0f} "
+                            f"tok/s, client {row['client_us_per_token']:.1f} us a token, "
+                            f"server {row['server_cpu_s']:.2f} s CPU",
+                            flush=True,
+                        )
         finally:
             served.STREAM_INTERVAL = STREAM_INTERVAL
             await server.stop()
@@ -98,8 +107,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         str(i): {k: statistics.median(row[k] for row in rows) for k in rows[0]}
         for i, rows in rounds.items()
     }
-    return {"intervals": list(intervals), "medians": medians,
-            "rounds": {str(i): rows for i, rows in rounds.items()}}  # fmt: skip
+    return {
+        "intervals": list(intervals),
+        "medians": medians,
+        "rounds": {str(i): rows for i, rows in rounds.items()},
+    }
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -111,8 +123,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     if min(args.requests, args.tokens, args.rounds) < 1:
         raise SystemExit("--requests, --tokens and --rounds must each be >= 1")
-    print(f"vllm serve client: {args.requests} requests x {args.tokens} tokens, "
-          f"{args.rounds} rounds each way", flush=True)  # fmt: skip
+    print(
+        f"vllm serve client: {args.requests} requests x {args.tokens} tokens, "
+        f"{args.rounds} rounds each way",
+        flush=True,
+    )
     result = asyncio.run(main_async(args))
     every, interval = (result["medians"][str(i)] for i in result["intervals"])
     rows = [
@@ -125,9 +140,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for i, m in zip(result["intervals"], (every, interval), strict=True)
     ]
     md = "### `vllm serve` client: streaming every token against every N\n\n" + table(
-        ["server sends", "tokens/s (median)", "client CPU us a token (median)",
-         "server processes' CPU s a round (median)"], rows,
-    )  # fmt: skip
+        [
+            "server sends",
+            "tokens/s (median)",
+            "client CPU us a token (median)",
+            "server processes' CPU s a round (median)",
+        ],
+        rows,
+    )
     md += (
         f"\n\nEvery {result['intervals'][1]} tokens against every one: tokens/s x"
         f"{interval['tokens_per_s'] / every['tokens_per_s']:.2f}, client CPU a token x"

@@ -35,14 +35,24 @@ def group(rows: int, tokens: int, step: int) -> Group:
     task = Task(f"t{step}", "agentrl/Calculator-v0", step)
     half = tokens // 2
     mask = np.r_[np.zeros(half), np.ones(tokens - half)]
-    trajectories = [Trajectory(
-        episode_id=f"t{step}/{i}", task_id=task.task_id, env_id=task.env_id, seed=step,
-        token_ids=(np.arange(tokens) * (i + 3)) % 200 + 10,
-        logprobs=np.where(mask > 0, -1.0, np.nan), versions=np.where(mask > 0, 0, -1),
-        loss_mask=mask, spans=(TokenSpan("prompt", 0, half, 0),
-                               TokenSpan("assistant", half, tokens, 0)),
-        messages=[], turn_rewards=[float(i % 2)], reward=float(i % 2), status="finished",
-    ) for i in range(rows)]  # fmt: skip
+    trajectories = [
+        Trajectory(
+            episode_id=f"t{step}/{i}",
+            task_id=task.task_id,
+            env_id=task.env_id,
+            seed=step,
+            token_ids=(np.arange(tokens) * (i + 3)) % 200 + 10,
+            logprobs=np.where(mask > 0, -1.0, np.nan),
+            versions=np.where(mask > 0, 0, -1),
+            loss_mask=mask,
+            spans=(TokenSpan("prompt", 0, half, 0), TokenSpan("assistant", half, tokens, 0)),
+            messages=[],
+            turn_rewards=[float(i % 2)],
+            reward=float(i % 2),
+            status="finished",
+        )
+        for i in range(rows)
+    ]
     return Group(task, rows, trajectories)
 
 
@@ -78,12 +88,21 @@ def main() -> int:
     trained = args.rounds * args.rows * (args.tokens - 1)
     off, on = statistics.median(times["off"]), statistics.median(times["on"])
     per_step = recorder.spent_s / args.rounds
-    results = {"step_off_s": off, "step_on_s": on, "recorder_s_per_step": per_step,
-               "bytes_per_token": size / trained}  # fmt: skip
-    markdown = table(["step, record off", "step, record on", "in the recorder per step",
-                      "record bytes per token"],
-                     [(f"{off:.3f} s", f"{on:.3f} s", f"{per_step * 1e3:.1f} ms",
-                       f"{size / trained:.1f}")])  # fmt: skip
+    results = {
+        "step_off_s": off,
+        "step_on_s": on,
+        "recorder_s_per_step": per_step,
+        "bytes_per_token": size / trained,
+    }
+    markdown = table(
+        [
+            "step, record off",
+            "step, record on",
+            "in the recorder per step",
+            "record bytes per token",
+        ],
+        [(f"{off:.3f} s", f"{on:.3f} s", f"{per_step * 1e3:.1f} ms", f"{size / trained:.1f}")],
+    )
     print(markdown)
     save("token_record", vars(args), results, markdown)
     return 0

@@ -88,14 +88,19 @@ MODES: dict[str, dict[str, Any]] = {
     "bf16+packed+chunked+ckpt": {"precision": "bf16", **CHUNKED, "gradient_checkpointing": True},
     "bf16+packed+chunked+offload": {"precision": "bf16", **CHUNKED, "activation_offload": True},
     "bf16+packed+chunked+compile": {"precision": "bf16", **CHUNKED, "compile": True},
-    "bf16+packed+chunked+compile+ckpt": {"precision": "bf16", **CHUNKED, "compile": True,
-                                         "gradient_checkpointing": True},
-}  # fmt: skip
+    "bf16+packed+chunked+compile+ckpt": {
+        "precision": "bf16",
+        **CHUNKED,
+        "compile": True,
+        "gradient_checkpointing": True,
+    },
+}
 BASELINE = "fp32"
 
 
-def start_mode(name: str, model: Path, groups: list[Any], args: argparse.Namespace,
-               device: Any) -> tuple[dict[str, Any], Any]:  # fmt: skip
+def start_mode(
+    name: str, model: Path, groups: list[Any], args: argparse.Namespace, device: Any
+) -> tuple[dict[str, Any], Any]:
     """A fresh trainer in mode ``name`` and its warm-up step, under a memory meter.
 
     Returns the mode's record and the trainer (None when the mode could not run).
@@ -107,8 +112,9 @@ def start_mode(name: str, model: Path, groups: list[Any], args: argparse.Namespa
     from agentrl.trainer.placement import TrainerMemoryError
     from agentrl.trainer.trainer import Trainer
 
-    config = TrainerConfig(device=str(device), micro_batch_tokens=args.micro_batch_tokens,
-                           **MODES[name])  # fmt: skip
+    config = TrainerConfig(
+        device=str(device), micro_batch_tokens=args.micro_batch_tokens, **MODES[name]
+    )
     meter = MemoryMeter(device)
     trainer = None
     out: dict[str, Any] = {"mode": name, "step_s": []}
@@ -156,8 +162,9 @@ def time_step(out: dict[str, Any], trainer: Any, groups: list[Any], device: Any)
         return None
 
 
-def measure(modes: list[str], model: Path, groups: list[Any], args: argparse.Namespace,
-            device: Any) -> tuple[list[dict[str, Any]], dict[str, float]]:  # fmt: skip
+def measure(
+    modes: list[str], model: Path, groups: list[Any], args: argparse.Namespace, device: Any
+) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """Every mode's record, and the best matmul peaks seen (before, between and after).
 
     ``args.sequential`` (the default on a GPU): one mode at a time, each alone in memory,
@@ -192,9 +199,15 @@ def measure(modes: list[str], model: Path, groups: list[Any], args: argparse.Nam
                 del live[out["mode"]]
         peaks.append(matmul_peaks(device))
     if live:
-        print("  timed, round-robin: " + ", ".join(
-            f"{o['mode']} {statistics.median(o['step_s']):.3f} s" for o in results
-            if o["step_s"]), flush=True)  # fmt: skip
+        print(
+            "  timed, round-robin: "
+            + ", ".join(
+                f"{o['mode']} {statistics.median(o['step_s']):.3f} s"
+                for o in results
+                if o["step_s"]
+            ),
+            flush=True,
+        )
     live.clear()
     release_memory(device)
     peaks.append(matmul_peaks(device))
@@ -212,8 +225,9 @@ def _progress(out: dict[str, Any]) -> None:
     if "error" in out:
         said = out["error"].split(".")[0]
     elif out["step_s"]:
-        said = (f"{statistics.median(out['step_s']):.3f} s/step "
-                f"(warm-up step {out['warmup_s']:.1f} s)")  # fmt: skip
+        said = (
+            f"{statistics.median(out['step_s']):.3f} s/step (warm-up step {out['warmup_s']:.1f} s)"
+        )
     else:
         said = f"warm-up step {out['warmup_s']:.3f} s"
     print(f"  {out['mode']}: {said}, {out['peak_memory_bytes'] / 2**30:.2f} GiB", flush=True)
@@ -255,10 +269,12 @@ def describe(setup: Setup, case: Case, groups: list[Any]) -> str:
     lengths = [len(t) for g in groups for t in g.trajectories]
     trained = sum(t.num_sampled for g in groups for t in g.trajectories)
     turns = [sum(s.kind == "assistant" for s in t.spans) for g in groups for t in g.trajectories]
-    return (f"{len(lengths)} rows of {min(lengths):,}-{max(lengths):,} tokens "
-            f"({setup.tokens:,} in all, {trained / setup.tokens:.0%} trained; "
-            f"{min(turns)}-{max(turns)} assistant turns per row), micro-batches of "
-            f"<= {case.micro_batch_tokens:,} tokens")  # fmt: skip
+    return (
+        f"{len(lengths)} rows of {min(lengths):,}-{max(lengths):,} tokens "
+        f"({setup.tokens:,} in all, {trained / setup.tokens:.0%} trained; "
+        f"{min(turns)}-{max(turns)} assistant turns per row), micro-batches of "
+        f"<= {case.micro_batch_tokens:,} tokens"
+    )
 
 
 def mfu_peak(setup: Setup, peaks: dict[str, float]) -> tuple[float, str]:
@@ -268,8 +284,13 @@ def mfu_peak(setup: Setup, peaks: dict[str, float]) -> tuple[float, str]:
     return peaks["fp32"], "fp32 matmul peak on this CPU, measured here"
 
 
-def report(setup: Setup, results: list[dict[str, Any]], peaks: dict[str, float],
-           args: argparse.Namespace, rows_text: str) -> str:  # fmt: skip
+def report(
+    setup: Setup,
+    results: list[dict[str, Any]],
+    peaks: dict[str, float],
+    args: argparse.Namespace,
+    rows_text: str,
+) -> str:
     import torch
     import transformers
 
@@ -281,11 +302,13 @@ def report(setup: Setup, results: list[dict[str, Any]], peaks: dict[str, float],
     schedule = "one mode at a time" if args.sequential else "round-robin, all trainers alive"
     notes = "".join(f"\n\n{r['mode']}: {r['error']}" for r in results if "error" in r)
     if not gpu:
-        notes += (f"\n\nOn CPU: bf16 autocast runs its matmuls at this CPU's bf16 rate "
-                  f"({peaks['bf16'] / 1e12:,.2f} TFLOP/s measured here, where it has AMX or "
-                  f"AVX-512 BF16; far slower where it has neither), yet the MFU divides by "
-                  f"the fp32 peak; packed attention is SDPA once per row (no varlen "
-                  f"kernel). These say how the paths run here, not on a GPU.")  # fmt: skip
+        notes += (
+            f"\n\nOn CPU: bf16 autocast runs its matmuls at this CPU's bf16 rate "
+            f"({peaks['bf16'] / 1e12:,.2f} TFLOP/s measured here, where it has AMX or "
+            f"AVX-512 BF16; far slower where it has neither), yet the MFU divides by "
+            f"the fp32 peak; packed attention is SDPA once per row (no varlen "
+            f"kernel). These say how the paths run here, not on a GPU."
+        )
     return (
         f"### Trainer step by mode: {setup.shape} "
         f"({setup.parameters / 1e6:,.1f}M parameters) on {setup.device_text}, "
@@ -294,23 +317,48 @@ def report(setup: Setup, results: list[dict[str, Any]], peaks: dict[str, float],
         f"{args.steps} ({schedule}). "
         f"torch {torch.__version__}, transformers {transformers.__version__}. "
         f"Peak: {peak / 1e12:,.2f} TFLOP/s, the {label}.\n\n"
-        + table(["mode", "attention", "micro-batches", "s/step", "tokens/s",
-                 f"x {BASELINE}", "MFU", "MFU with attention", memory_head, "step-1 loss",
-                 f"loss - {BASELINE}'s", f"grad norm / {BASELINE}'s"], rows)
+        + table(
+            [
+                "mode",
+                "attention",
+                "micro-batches",
+                "s/step",
+                "tokens/s",
+                f"x {BASELINE}",
+                "MFU",
+                "MFU with attention",
+                memory_head,
+                "step-1 loss",
+                f"loss - {BASELINE}'s",
+                f"grad norm / {BASELINE}'s",
+            ],
+            rows,
+        )
         + f"\n\nMFU = 6 x {setup.matmul_parameters / 1e6:,.1f}M x tokens / step time / peak; "
         f"causal attention adds {setup.attention_share:.0%} to those FLOPs at these "
         f"lengths (the 'with attention' column counts them too, as PaLM's MFU does). "
         f"The loss and grad-norm columns compare each mode's first step with {BASELINE} "
         f"padded's, from the same weights and rows.{notes}"
-    )  # fmt: skip
+    )
 
 
 def _row(r: dict[str, Any], setup: Setup, peak: float, base: dict[str, Any] | None) -> list[Any]:
     gib = f"{r['peak_memory_bytes'] / 2**30:.2f}"
     if "error" in r:
-        return [r["mode"], r.get("attention", ""), r.get("micro_batches", ""),
-                r["error"].split(":")[0], "", "", "", "",
-                gib, "", "", ""]  # fmt: skip
+        return [
+            r["mode"],
+            r.get("attention", ""),
+            r.get("micro_batches", ""),
+            r["error"].split(":")[0],
+            "",
+            "",
+            "",
+            "",
+            gib,
+            "",
+            "",
+            "",
+        ]
     step = statistics.median(r["step_s"])
     rate = setup.tokens / step
     mfu = 6 * setup.matmul_parameters * setup.tokens / step / peak
@@ -319,9 +367,20 @@ def _row(r: dict[str, Any], setup: Setup, peak: float, base: dict[str, Any] | No
         ratio = f"{rate / (setup.tokens / statistics.median(base['step_s'])):.2f}"
         loss_diff = f"{r['loss'] - base['loss']:+.2e}"
         norm_ratio = f"{r['grad_norm'] / base['grad_norm']:.4f}"
-    return [r["mode"], r["attention"], r["micro_batches"], f"{step:.3f}", f"{rate:,.0f}", ratio,
-            f"{mfu:.1%}", f"{mfu * (1 + setup.attention_share):.1%}", gib, f"{r['loss']:.5f}",
-            loss_diff, norm_ratio]  # fmt: skip
+    return [
+        r["mode"],
+        r["attention"],
+        r["micro_batches"],
+        f"{step:.3f}",
+        f"{rate:,.0f}",
+        ratio,
+        f"{mfu:.1%}",
+        f"{mfu * (1 + setup.attention_share):.1%}",
+        gib,
+        f"{r['loss']:.5f}",
+        loss_diff,
+        norm_ratio,
+    ]
 
 
 # ---------------------------------------------------------------- setup and checks
@@ -337,22 +396,28 @@ def check_fit(shape_name: str, parameters: int, case: Case, device: Any) -> None
     """Stop before building anything that cannot fit, naming what to try instead."""
     static = 16 * parameters  # fp32 weights, gradients and two AdamW moments
     if device.type == "cpu" and shape_name != "small":
-        sys.exit(f"--shape {shape_name} is for a GPU (a CPU step would take many minutes "
-                 f"and {static / 2**30:.0f} GiB before activations); use --shape small on "
-                 f"CPU, or add --dry-run to check the {shape_name} setup here")  # fmt: skip
+        sys.exit(
+            f"--shape {shape_name} is for a GPU (a CPU step would take many minutes "
+            f"and {static / 2**30:.0f} GiB before activations); use --shape small on "
+            f"CPU, or add --dry-run to check the {shape_name} setup here"
+        )
     if device.type == "cuda":
         import torch
 
         total = torch.cuda.get_device_properties(device).total_memory
         if static > 0.9 * total:
             smaller = "--shape 0.5b" if shape_name == "1.5b" else "--shape small"
-            sys.exit(f"--shape {shape_name} needs {static / 2**30:.1f} GiB for fp32 weights, "
-                     f"gradients and AdamW state alone; {device} has {total / 2**30:.1f} GiB. "
-                     f"Try {smaller}, or a GPU with more memory")  # fmt: skip
+            sys.exit(
+                f"--shape {shape_name} needs {static / 2**30:.1f} GiB for fp32 weights, "
+                f"gradients and AdamW state alone; {device} has {total / 2**30:.1f} GiB. "
+                f"Try {smaller}, or a GPU with more memory"
+            )
     longest = case.mean_tokens * (1 + case.spread)
     if longest > 32768:
-        sys.exit(f"case rows reach {longest:,.0f} tokens, past the model's 32,768 positions; "
-                 f"use one of {', '.join(CASES)}")  # fmt: skip
+        sys.exit(
+            f"case rows reach {longest:,.0f} tokens, past the model's 32,768 positions; "
+            f"use one of {', '.join(CASES)}"
+        )
 
 
 def dry_run(setup: Setup, case: Case, groups: list[Any], modes: list[str], rows_text: str) -> None:
@@ -363,20 +428,32 @@ def dry_run(setup: Setup, case: Case, groups: list[Any], modes: list[str], rows_
     rows = rows_from_groups(groups)
     plans = []
     for name in modes:
-        config = TrainerConfig(device=str(setup.device), micro_batch_tokens=case.micro_batch_tokens,
-                               **MODES[name])  # fmt: skip
+        config = TrainerConfig(
+            device=str(setup.device), micro_batch_tokens=case.micro_batch_tokens, **MODES[name]
+        )
         split = packed_micro_batches if config.packing else micro_batches
         batches = split(rows, case.micro_batch_tokens)
         model_tokens = sum(mb.model_tokens for mb in batches)
-        plans.append([name, config.precision, len(batches), f"{model_tokens:,}",
-                      f"{1 - setup.tokens / model_tokens:.1%}"])  # fmt: skip
+        plans.append(
+            [
+                name,
+                config.precision,
+                len(batches),
+                f"{model_tokens:,}",
+                f"{1 - setup.tokens / model_tokens:.1%}",
+            ]
+        )
     static = 16 * setup.parameters / 2**30
-    print(f"dry run: {setup.shape} ({setup.parameters / 1e6:,.1f}M parameters, "
-          f"{static:.1f} GiB of fp32 weights, gradients and AdamW state) on "
-          f"{setup.device_text}, case {setup.case}: {rows_text}\n")  # fmt: skip
+    print(
+        f"dry run: {setup.shape} ({setup.parameters / 1e6:,.1f}M parameters, "
+        f"{static:.1f} GiB of fp32 weights, gradients and AdamW state) on "
+        f"{setup.device_text}, case {setup.case}: {rows_text}\n"
+    )
     print(table(["mode", "precision", "micro-batches", "model tokens", "padding"], plans))
-    print(f"\ncausal attention adds {setup.attention_share:.0%} to the 6 x P FLOPs; "
-          f"nothing was built or run")  # fmt: skip
+    print(
+        f"\ncausal attention adds {setup.attention_share:.0%} to the 6 x P FLOPs; "
+        f"nothing was built or run"
+    )
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -420,7 +497,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="build the rows and plan the micro-batches; no model, no steps",
     )
-    args = parser.parse_args(argv)  # fmt: skip
+    args = parser.parse_args(argv)
     kind = torch.device(args.device).type
     args.sequential = args.sequential or kind == "cuda"
     args.shape = args.shape or DEFAULT_SHAPE[kind]
@@ -429,8 +506,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = [m for m in args.modes if m not in MODES]
     if unknown or args.steps < 1:
-        parser.error(f"--modes {unknown} unknown; use some of {', '.join(MODES)}" if unknown
-                     else f"--steps {args.steps}: at least 1")  # fmt: skip
+        parser.error(
+            f"--modes {unknown} unknown; use some of {', '.join(MODES)}"
+            if unknown
+            else f"--steps {args.steps}: at least 1"
+        )
     return args
 
 
@@ -449,10 +529,14 @@ def main(argv: list[str] | None = None) -> int:
             torch.set_num_threads(threads)
         args.threads = torch.get_num_threads()
     if device.type == "cuda" and not args.dry_run and not torch.cuda.is_available():
-        sys.exit(f"--device {args.device}: torch {torch.__version__} sees no GPU; "
-                 f"use --device cpu, or --dry-run to check the setup")  # fmt: skip
-    shape, case = SHAPES[args.shape], dataclasses.replace(
-        CASES[args.case], micro_batch_tokens=args.micro_batch_tokens)  # fmt: skip
+        sys.exit(
+            f"--device {args.device}: torch {torch.__version__} sees no GPU; "
+            f"use --device cpu, or --dry-run to check the setup"
+        )
+    shape, case = (
+        SHAPES[args.shape],
+        dataclasses.replace(CASES[args.case], micro_batch_tokens=args.micro_batch_tokens),
+    )
     total, matmul = matmul_parameters(shape)
     groups = synthetic_groups(case, shape.vocab)
     tokens = sum(len(t) for g in groups for t in g.trajectories)
@@ -460,10 +544,20 @@ def main(argv: list[str] | None = None) -> int:
     text = torch.cuda.get_device_name(device) if described else str(device)
     if device.type == "cpu":
         threads = torch.get_num_threads()
-        text = (f"cpu ({len(os.sched_getaffinity(0))} cores, {threads} torch "
-                f"thread{'s' if threads != 1 else ''})")  # fmt: skip
-    setup = Setup(device, text, args.shape, args.case, total, matmul, tokens,
-                  attention_share(shape, groups, matmul))  # fmt: skip
+        text = (
+            f"cpu ({len(os.sched_getaffinity(0))} cores, {threads} torch "
+            f"thread{'s' if threads != 1 else ''})"
+        )
+    setup = Setup(
+        device,
+        text,
+        args.shape,
+        args.case,
+        total,
+        matmul,
+        tokens,
+        attention_share(shape, groups, matmul),
+    )
     rows_text = describe(setup, case, groups)
     if args.dry_run:
         dry_run(setup, case, groups, args.modes, rows_text)
@@ -478,13 +572,27 @@ def main(argv: list[str] | None = None) -> int:
     result_name = "trainer" if device.type == "cpu" else f"trainer_cuda_{args.shape}_{args.case}"
     if device.type != "cpu" and case.micro_batch_tokens != CASES[args.case].micro_batch_tokens:
         result_name += f"_mb{case.micro_batch_tokens}"  # another budget: its own file
-    settings = {**vars(args), "device_name": text, "case_settings": dataclasses.asdict(case),
-                "shape_settings": dataclasses.asdict(shape)}  # fmt: skip
-    save(result_name, settings,
-         {"parameters": total, "matmul_parameters": matmul, "tokens": tokens,
-          "peak_flops": mfu_peak(setup, peaks)[0], "peak": mfu_peak(setup, peaks)[1],
-          "matmul_peaks_flops": peaks, "attention_share": setup.attention_share,
-          "modes": results}, markdown)  # fmt: skip
+    settings = {
+        **vars(args),
+        "device_name": text,
+        "case_settings": dataclasses.asdict(case),
+        "shape_settings": dataclasses.asdict(shape),
+    }
+    save(
+        result_name,
+        settings,
+        {
+            "parameters": total,
+            "matmul_parameters": matmul,
+            "tokens": tokens,
+            "peak_flops": mfu_peak(setup, peaks)[0],
+            "peak": mfu_peak(setup, peaks)[1],
+            "matmul_peaks_flops": peaks,
+            "attention_share": setup.attention_share,
+            "modes": results,
+        },
+        markdown,
+    )
     return 0
 
 

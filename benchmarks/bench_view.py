@@ -50,25 +50,55 @@ def _meta(tokens: int) -> str:
         {"role": "user", "content": "What is 2 + 2?"},
         {"role": "assistant", "content": "4"},
     ]
-    return json.dumps({"task_id": "", "seed": 0, "messages": messages, "turn_rewards": [1.0],
-                       "spans": [["prompt", 0, half, 0], ["assistant", half, tokens, 0]],
-                       "reason": "", "failure": None, "timings": {}, "info": {}, "env_log": [],
-                       "turn_starts": [{"tokens": half}]})  # fmt: skip
+    return json.dumps(
+        {
+            "task_id": "",
+            "seed": 0,
+            "messages": messages,
+            "turn_rewards": [1.0],
+            "spans": [["prompt", 0, half, 0], ["assistant", half, tokens, 0]],
+            "reason": "",
+            "failure": None,
+            "timings": {},
+            "info": {},
+            "env_log": [],
+            "turn_starts": [{"tokens": half}],
+        }
+    )
 
 
 def _trajectory_rows(batch: range, tokens: int, now: float) -> list[tuple[Any, ...]]:
     half, meta = tokens // 2, _meta(tokens)
     mask = np.r_[np.zeros(half), np.ones(half)]
-    fixed = {"token_ids": np.arange(tokens) % 300 + 20, "loss_mask": mask,
-             "logprobs": np.r_[np.full(half, np.nan), np.full(half, -0.5)]}  # fmt: skip
+    fixed = {
+        "token_ids": np.arange(tokens) % 300 + 20,
+        "loss_mask": mask,
+        "logprobs": np.r_[np.full(half, np.nan), np.full(half, -0.5)],
+    }
     blobs = {k: encode_array(fixed[k], d) for k, d in ARRAY_DTYPES.items() if k in fixed}
     rows = []
     for i in batch:
         v = i // 1000
         versions = encode_array(np.where(mask > 0, v, -1), ARRAY_DTYPES["versions"])
-        rows.append((f"t{i}/0", f"t{i}", ENV, "failed" if i % 17 == 0 else "finished",
-                     float(i % 2), v, v + i % 3, tokens, half, blobs["token_ids"],
-                     blobs["logprobs"], versions, blobs["loss_mask"], meta, now + i))  # fmt: skip
+        rows.append(
+            (
+                f"t{i}/0",
+                f"t{i}",
+                ENV,
+                "failed" if i % 17 == 0 else "finished",
+                float(i % 2),
+                v,
+                v + i % 3,
+                tokens,
+                half,
+                blobs["token_ids"],
+                blobs["logprobs"],
+                versions,
+                blobs["loss_mask"],
+                meta,
+                now + i,
+            )
+        )
     return rows
 
 
@@ -80,18 +110,34 @@ def fill(store: EpisodeStore, episodes: int, tokens: int = 64) -> None:
     for start in range(0, episodes, 20_000):
         batch = range(start, min(start + 20_000, episodes))
         db.execute("BEGIN")
-        db.executemany("INSERT INTO tasks (task_id, position, env_id, seed, env_kwargs, "
-                       "group_size, state) VALUES (?, ?, ?, ?, '{}', 1, 'trained')",
-                       [(f"t{i}", i, ENV, i) for i in batch])  # fmt: skip
-        db.executemany("INSERT INTO episodes (episode_id, attempt, task_id, env_id, state, "
-                       "started_version, updated_at, reward) VALUES (?, 0, ?, ?, ?, ?, ?, ?)",
-                       [(f"t{i}/0", f"t{i}", ENV, "failed" if i % 17 == 0 else "finished",
-                         i // 1000, now + i, float(i % 2)) for i in batch])  # fmt: skip
-        db.executemany("INSERT INTO trajectories (episode_id, attempt, segment, task_id, env_id, "
-                       "status, reward, min_version, max_version, num_tokens, num_sampled, "
-                       "token_ids, logprobs, versions, loss_mask, meta, created_at) VALUES "
-                       "(?, 0, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                       _trajectory_rows(batch, tokens, now))  # fmt: skip
+        db.executemany(
+            "INSERT INTO tasks (task_id, position, env_id, seed, env_kwargs, "
+            "group_size, state) VALUES (?, ?, ?, ?, '{}', 1, 'trained')",
+            [(f"t{i}", i, ENV, i) for i in batch],
+        )
+        db.executemany(
+            "INSERT INTO episodes (episode_id, attempt, task_id, env_id, state, "
+            "started_version, updated_at, reward) VALUES (?, 0, ?, ?, ?, ?, ?, ?)",
+            [
+                (
+                    f"t{i}/0",
+                    f"t{i}",
+                    ENV,
+                    "failed" if i % 17 == 0 else "finished",
+                    i // 1000,
+                    now + i,
+                    float(i % 2),
+                )
+                for i in batch
+            ],
+        )
+        db.executemany(
+            "INSERT INTO trajectories (episode_id, attempt, segment, task_id, env_id, "
+            "status, reward, min_version, max_version, num_tokens, num_sampled, "
+            "token_ids, logprobs, versions, loss_mask, meta, created_at) VALUES "
+            "(?, 0, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            _trajectory_rows(batch, tokens, now),
+        )
         db.execute("COMMIT")
 
 
@@ -204,12 +250,20 @@ def in_browser(base: str, long_id: str, tokens: int, repeats: int) -> dict[str, 
         page = browser.new_context(bypass_csp=True).new_page()
         page.goto(base)  # the page's own files, cached for the timed loads
         for name, size, route, done in (
-            ("page: episode list", 50, "#/run?run=.", "document.querySelectorAll('tr.episode-row')"
-             ".length === 50"),
-            ("page: 32k-token episode", tokens, f"#/episode?run=.&id={long_id}",
-             f"document.querySelectorAll('#tokens .tok').length === {tokens} && "
-             "document.querySelector('#legend .legend-item') !== null"),
-        ):  # fmt: skip
+            (
+                "page: episode list",
+                50,
+                "#/run?run=.",
+                "document.querySelectorAll('tr.episode-row').length === 50",
+            ),
+            (
+                "page: 32k-token episode",
+                tokens,
+                f"#/episode?run=.&id={long_id}",
+                f"document.querySelectorAll('#tokens .tok').length === {tokens} && "
+                "document.querySelector('#legend .legend-item') !== null",
+            ),
+        ):
             took = []
             for _ in range(repeats):
                 page.goto(base + "#/")
@@ -218,8 +272,12 @@ def in_browser(base: str, long_id: str, tokens: int, repeats: int) -> dict[str, 
                 page.goto(base + route)
                 page.wait_for_function(done, timeout=120_000, polling=20)
                 took.append(time.perf_counter() - started)
-            out[name] = {"first_s": took[0], "warm_median_s": statistics.median(took[1:]),
-                         "warm_max_s": max(took[1:]), "size": size}  # fmt: skip
+            out[name] = {
+                "first_s": took[0],
+                "warm_median_s": statistics.median(took[1:]),
+                "warm_max_s": max(took[1:]),
+                "size": size,
+            }
         browser.close()
     return out
 

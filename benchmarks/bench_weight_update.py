@@ -25,8 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import save, table
 
 
-async def level_run(client, tokenizer, weights: Path, level: int, updates: int,
-                    store_dir: Path) -> dict:  # fmt: skip
+async def level_run(
+    client, tokenizer, weights: Path, level: int, updates: int, store_dir: Path
+) -> dict:
     import numpy as np
 
     from agentrl.queue import TrajectoryQueue
@@ -43,8 +44,9 @@ async def level_run(client, tokenizer, weights: Path, level: int, updates: int,
     async with StoreWriter(store) as writer:
         runner = EpisodeRunner(client, tokenizer, rollout, checkpoint=writer.partial)
         controller = RolloutController(runner, writer=writer)
-        scheduler = Scheduler(runner, queue, RolloutConfig(concurrency=level, group_size=1),
-                              writer=writer)  # fmt: skip
+        scheduler = Scheduler(
+            runner, queue, RolloutConfig(concurrency=level, group_size=1), writer=writer
+        )
         tasks = list(tasks_for("bench/Echo-v0", episodes, turns=6))
         generation = asyncio.create_task(scheduler.run(tasks))
         await asyncio.sleep(1.0)
@@ -59,19 +61,23 @@ async def level_run(client, tokenizer, weights: Path, level: int, updates: int,
     per_episode = [s.store_write_s / s.episodes_paused for s in stats if s.episodes_paused]
     pause = [s.pause_to_resume_s for s in stats]
     return {
-        "in_flight": level, "updates": len(stats),
+        "in_flight": level,
+        "updates": len(stats),
         "pause_to_resume_p50_ms": float(np.percentile(pause, 50)) * 1000 if pause else None,
         "pause_to_resume_max_ms": max(pause) * 1000 if pause else None,
         "episodes_paused_mean": float(np.mean([s.episodes_paused for s in stats])),
         "tokens_reprefilled_mean": float(np.mean([s.tokens_reprefilled for s in stats])),
         "tokens_discarded": int(sum(s.tokens_discarded for s in stats)),
-        "store_write_per_episode_p50_ms":
-            float(np.percentile(per_episode, 50)) * 1000 if per_episode else None,
-        "store_write_per_episode_p99_ms":
-            float(np.percentile(per_episode, 99)) * 1000 if per_episode else None,
-        "episodes": episodes, "tokens_sampled": sampled,
+        "store_write_per_episode_p50_ms": float(np.percentile(per_episode, 50)) * 1000
+        if per_episode
+        else None,
+        "store_write_per_episode_p99_ms": float(np.percentile(per_episode, 99)) * 1000
+        if per_episode
+        else None,
+        "episodes": episodes,
+        "tokens_sampled": sampled,
         "all_tokens_kept": sampled == episodes * 6 * 32,
-    }  # fmt: skip
+    }
 
 
 async def main_async(args: argparse.Namespace) -> list[dict]:
@@ -92,14 +98,18 @@ async def main_async(args: argparse.Namespace) -> list[dict]:
             async with await VLLMEngineClient.start(path, config) as client:
                 tune_gc()
                 for level in args.levels:
-                    row = await level_run(client, tokenizer, weights, level, args.updates,
-                                          Path(tmp) / f"l{level}")  # fmt: skip
+                    row = await level_run(
+                        client, tokenizer, weights, level, args.updates, Path(tmp) / f"l{level}"
+                    )
                     rows.append(row)
-                    print(f"  {level:4d} in flight: pause-to-resume p50 "
-                          f"{row['pause_to_resume_p50_ms']:.0f} ms, paused "
-                          f"{row['episodes_paused_mean']:.0f}, re-prefilled "
-                          f"{row['tokens_reprefilled_mean']:.0f} tokens, discarded "
-                          f"{row['tokens_discarded']}", flush=True)  # fmt: skip
+                    print(
+                        f"  {level:4d} in flight: pause-to-resume p50 "
+                        f"{row['pause_to_resume_p50_ms']:.0f} ms, paused "
+                        f"{row['episodes_paused_mean']:.0f}, re-prefilled "
+                        f"{row['tokens_reprefilled_mean']:.0f} tokens, discarded "
+                        f"{row['tokens_discarded']}",
+                        flush=True,
+                    )
     finally:
         shutil.rmtree(weights, ignore_errors=True)
     return rows
@@ -115,17 +125,37 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"weight-update cost: levels {args.levels}, {args.updates} updates each", flush=True)
     rows = asyncio.run(main_async(args))
     md = "### Weight update cost (resume policy, full weights of the tiny model)\n\n" + table(
-        ["in flight", "updates", "pause-to-resume p50 (ms)", "max (ms)", "episodes paused",
-         "tokens re-prefilled", "tokens discarded", "store write / paused episode p50 (ms)",
-         "p99 (ms)"],
-        [[r["in_flight"], r["updates"], r["pause_to_resume_p50_ms"], r["pause_to_resume_max_ms"],
-          r["episodes_paused_mean"], r["tokens_reprefilled_mean"], r["tokens_discarded"],
-          r["store_write_per_episode_p50_ms"], r["store_write_per_episode_p99_ms"]]
-         for r in rows],
-    )  # fmt: skip
+        [
+            "in flight",
+            "updates",
+            "pause-to-resume p50 (ms)",
+            "max (ms)",
+            "episodes paused",
+            "tokens re-prefilled",
+            "tokens discarded",
+            "store write / paused episode p50 (ms)",
+            "p99 (ms)",
+        ],
+        [
+            [
+                r["in_flight"],
+                r["updates"],
+                r["pause_to_resume_p50_ms"],
+                r["pause_to_resume_max_ms"],
+                r["episodes_paused_mean"],
+                r["tokens_reprefilled_mean"],
+                r["tokens_discarded"],
+                r["store_write_per_episode_p50_ms"],
+                r["store_write_per_episode_p99_ms"],
+            ]
+            for r in rows
+        ],
+    )
     kept = all(r["all_tokens_kept"] and r["tokens_discarded"] == 0 for r in rows)
-    md += (f"\n\nEvery sampled token kept (sampled = episodes x 6 turns x 32 tokens, "
-           f"0 discarded): {'yes' if kept else 'NO'}.")  # fmt: skip
+    md += (
+        f"\n\nEvery sampled token kept (sampled = episodes x 6 turns x 32 tokens, "
+        f"0 discarded): {'yes' if kept else 'NO'}."
+    )
     print(md, flush=True)
     result = {"levels": rows}
     save("weight_update", vars(args), result, md)

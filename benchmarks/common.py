@@ -69,8 +69,15 @@ def machine() -> dict[str, Any]:
             gpu = torch.cuda.get_device_name(0)
     except Exception:
         pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": mem_gib, "gpu": gpu,
-            "python": platform.python_version(), "agentrl_commit": rev, **versions}  # fmt: skip
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": mem_gib,
+        "gpu": gpu,
+        "python": platform.python_version(),
+        "agentrl_commit": rev,
+        **versions,
+    }
 
 
 def timed(fn: Callable[[], T]) -> tuple[float, T]:
@@ -112,8 +119,9 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
-def paired_ratio(values: Sequence[float], baseline: Sequence[float], *, resamples: int = 2000,
-                 seed: int = 0) -> dict[str, float]:  # fmt: skip
+def paired_ratio(
+    values: Sequence[float], baseline: Sequence[float], *, resamples: int = 2000, seed: int = 0
+) -> dict[str, float]:
     """The median of each round's ``values[i] / baseline[i]``, with a 95% interval.
 
     The rounds of the two were measured one right after the other, so a slow spell of
@@ -124,15 +132,17 @@ def paired_ratio(values: Sequence[float], baseline: Sequence[float], *, resample
     is on.
     """
     if len(values) != len(baseline) or not values:
-        raise ValueError(f"paired_ratio needs as many rounds of each, at least one; got "
-                         f"{len(values)} and {len(baseline)}")  # fmt: skip
+        raise ValueError(
+            f"paired_ratio needs as many rounds of each, at least one; got "
+            f"{len(values)} and {len(baseline)}"
+        )
     ratios = [v / b for v, b in zip(values, baseline, strict=True)]
     rng = random.Random(seed)
-    medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios)))
-                     for _ in range(resamples))  # fmt: skip
+    medians = sorted(
+        statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(resamples)
+    )
     low, high = medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
-    return {"median": statistics.median(ratios), "low": low, "high": high,
-            "rounds": len(ratios)}  # fmt: skip
+    return {"median": statistics.median(ratios), "low": low, "high": high, "rounds": len(ratios)}
 
 
 def save(
@@ -143,9 +153,14 @@ def save(
     if markdown_file:
         (RESULTS / f"{name}.md").write_text(markdown + "\n")
     path = RESULTS / f"{name}.json"
-    payload = {"benchmark": name, "when": time.strftime("%Y-%m-%d %H:%M:%S"),
-               "machine": machine(), "settings": settings, "results": results,
-               "markdown": markdown}  # fmt: skip
+    payload = {
+        "benchmark": name,
+        "when": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "machine": machine(),
+        "settings": settings,
+        "results": results,
+        "markdown": markdown,
+    }
     path.write_text(json.dumps(payload, indent=2, default=str))
     # The table is out: what the interpreter prints while it tears down vLLM (hundreds of
     # "nanobind: leaked ..." lines from triton) goes nowhere, as after an agentrl command.

@@ -69,8 +69,10 @@ class RequestTimes:
         self._times = {}
 
     def _timed(self, prompt, params, request_id: str, *args, **kwargs):
-        return self._stream(self._generate(prompt, params, request_id, *args, **kwargs),
-                            request_id.rpartition("-")[0])  # fmt: skip
+        return self._stream(
+            self._generate(prompt, params, request_id, *args, **kwargs),
+            request_id.rpartition("-")[0],
+        )
 
     async def _stream(self, stream, episode: str):
         times = [time.perf_counter(), math.nan]  # its first step is the submission
@@ -88,8 +90,9 @@ class RequestTimes:
         episodes = []
         for requests in self._times.values():
             requests.sort()
-            episodes.append([requests[0][0] - self._t0,
-                             *(b[0] - a[1] for a, b in itertools.pairwise(requests))])  # fmt: skip
+            episodes.append(
+                [requests[0][0] - self._t0, *(b[0] - a[1] for a, b in itertools.pairwise(requests))]
+            )
         return sorted(episodes)
 
     def summary(self) -> dict[str, float]:
@@ -101,8 +104,11 @@ class RequestTimes:
             requests.sort()
             firsts.append(requests[0][0] - self._t0)
             gaps += [b[0] - a[1] for a, b in itertools.pairwise(requests)]
-        return {"gap_p50_ms": quantile(gaps, 0.5) * 1e3, "gap_p90_ms": quantile(gaps, 0.9) * 1e3,
-                "first_request_ms": quantile(firsts, 0.5) * 1e3}  # fmt: skip
+        return {
+            "gap_p50_ms": quantile(gaps, 0.5) * 1e3,
+            "gap_p90_ms": quantile(gaps, 0.9) * 1e3,
+            "first_request_ms": quantile(firsts, 0.5) * 1e3,
+        }
 
 
 class Burner:
@@ -132,12 +138,20 @@ class Burner:
         await asyncio.to_thread(self._thread.join)
 
 
-async def raw_round(client, prompts: list[list[int]], reply: list[int], turns: int,
-                    tokens: int, burn_us: float = 0.0, in_thread: bool = False,
-                    timer: RequestTimes | None = None, spread_s: float = 0.0,
-                    gap_s: float = 0.0, slots: int | None = None,
-                    timing: list[list[float]] | None = None,
-                    ) -> tuple[int, float, float]:  # fmt: skip
+async def raw_round(
+    client,
+    prompts: list[list[int]],
+    reply: list[int],
+    turns: int,
+    tokens: int,
+    burn_us: float = 0.0,
+    in_thread: bool = False,
+    timer: RequestTimes | None = None,
+    spread_s: float = 0.0,
+    gap_s: float = 0.0,
+    slots: int | None = None,
+    timing: list[list[float]] | None = None,
+) -> tuple[int, float, float]:
     """Raw ``AsyncLLM.generate``; with ``burn_us`` (a calibration), each turn also costs
     that much CPU before its request: on the event loop, delaying the request, or (with
     ``in_thread``) in a thread beside it, as the platform's own work does. With
@@ -152,17 +166,22 @@ async def raw_round(client, prompts: list[list[int]], reply: list[int], turns: i
     its CPU."""
     if timing is not None and (spread_s or gap_s or slots):
         raise ValueError("timing replaces spread_s, gap_s and slots; give it alone")
-    if timing is not None and (len(timing) != len(prompts)
-                               or any(len(t) != turns for t in timing)):  # fmt: skip
-        raise ValueError(f"timing needs {turns} delays for each of the {len(prompts)} "
-                         "episodes")  # fmt: skip
+    if timing is not None and (len(timing) != len(prompts) or any(len(t) != turns for t in timing)):
+        raise ValueError(f"timing needs {turns} delays for each of the {len(prompts)} episodes")
     from vllm import SamplingParams
     from vllm.inputs.engine import tokens_input
     from vllm.sampling_params import RequestOutputKind
 
     engine = client._engine
-    params = SamplingParams(n=1, max_tokens=tokens, temperature=1.0, ignore_eos=True, logprobs=0,
-                            detokenize=False, output_kind=RequestOutputKind.DELTA)  # fmt: skip
+    params = SamplingParams(
+        n=1,
+        max_tokens=tokens,
+        temperature=1.0,
+        ignore_eos=True,
+        logprobs=0,
+        detokenize=False,
+        output_kind=RequestOutputKind.DELTA,
+    )
     sampled = 0
     burner = Burner(burn_us) if burn_us and in_thread else None
     room = asyncio.Semaphore(slots or len(prompts))  # FIFO: episodes start in order
@@ -208,10 +227,19 @@ async def raw_round(client, prompts: list[list[int]], reply: list[int], turns: i
     return sampled, time.perf_counter() - t0, time.process_time() - cpu0
 
 
-async def platform_round(client, tokenizer, episodes: int, turns: int, tokens: int, seed: int,
-                         store_dir: Path, workers=None, store: bool = True,
-                         timer: RequestTimes | None = None, slots: int | None = None,
-                         ) -> tuple[int, float, float]:  # fmt: skip
+async def platform_round(
+    client,
+    tokenizer,
+    episodes: int,
+    turns: int,
+    tokens: int,
+    seed: int,
+    store_dir: Path,
+    workers=None,
+    store: bool = True,
+    timer: RequestTimes | None = None,
+    slots: int | None = None,
+) -> tuple[int, float, float]:
     """The platform's episodes; through ``workers`` (a started ``WorkerRunner``) if given;
     without the episode store (no checkpoints, no writer) if not ``store``; at most
     ``slots`` episodes at once (the scheduler's concurrency), else all. Returns the
@@ -257,8 +285,9 @@ async def start_workers(client, tokenizer, args: argparse.Namespace, n: int):
     from agentrl.rollout import RolloutConfig
     from agentrl.rollout.workers import WorkerRunner
 
-    rollout = RolloutConfig(max_turns=args.turns, max_tokens_per_turn=args.tokens,
-                            ignore_eos=True, workers=n)  # fmt: skip
+    rollout = RolloutConfig(
+        max_turns=args.turns, max_tokens_per_turn=args.tokens, ignore_eos=True, workers=n
+    )
     pool = WorkerRunner(client, tokenizer, rollout, imports=["benchmarks.common"])
     await pool.start()
     return pool

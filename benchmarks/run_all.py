@@ -44,8 +44,12 @@ def main() -> int:
         print(f"== {name} ({time.perf_counter() - started:.0f} s so far)", flush=True)
         log = RESULTS / f"{name}.log"
         with log.open("w") as out:
-            proc = subprocess.run([sys.executable, str(HERE / script), *extra], stdout=out,
-                                  stderr=subprocess.STDOUT, cwd=HERE.parent)  # fmt: skip
+            proc = subprocess.run(
+                [sys.executable, str(HERE / script), *extra],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=HERE.parent,
+            )
         for line in log.read_text().splitlines():
             if line.startswith("  "):  # the scripts' progress lines
                 print(line, flush=True)

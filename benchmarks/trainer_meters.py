@@ -24,8 +24,10 @@ def matmul_peaks(device: Any) -> dict[str, float]:
 
     if device.type == "cuda":
         return {"bf16": max(_matmul_flops(device, torch.bfloat16, n, 20) for n in (8192, 16384))}
-    return {"fp32": _matmul_flops(device, torch.float32, 1024, 8),
-            "bf16": _matmul_flops(device, torch.bfloat16, 1024, 8)}  # fmt: skip
+    return {
+        "fp32": _matmul_flops(device, torch.float32, 1024, 8),
+        "bf16": _matmul_flops(device, torch.bfloat16, 1024, 8),
+    }
 
 
 def _matmul_flops(device: Any, dtype: Any, n: int, iters: int) -> float:

@@ -64,12 +64,20 @@ def model_config(shape: Shape) -> Any:
     from transformers import Qwen2Config
 
     return Qwen2Config(
-        vocab_size=shape.vocab, hidden_size=shape.hidden, num_hidden_layers=shape.layers,
-        num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
-        intermediate_size=shape.mlp, max_position_embeddings=32768, rope_theta=1e6,
-        tie_word_embeddings=True, use_cache=False, bos_token_id=0, eos_token_id=1,
+        vocab_size=shape.vocab,
+        hidden_size=shape.hidden,
+        num_hidden_layers=shape.layers,
+        num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads,
+        intermediate_size=shape.mlp,
+        max_position_embeddings=32768,
+        rope_theta=1e6,
+        tie_word_embeddings=True,
+        use_cache=False,
+        bos_token_id=0,
+        eos_token_id=1,
         pad_token_id=0,
-    )  # fmt: skip
+    )
 
 
 def matmul_parameters(shape: Shape) -> tuple[int, int]:
@@ -148,12 +156,20 @@ def _trajectory(rng: np.random.Generator, name: str, n: int, vocab: int) -> Any:
     # near a random model's own logprob (-ln V), as vLLM's would be for these weights
     behaviour = np.minimum(-math.log(vocab) + rng.normal(0.0, 0.05, n), 0.0)
     return Trajectory(
-        episode_id=name, task_id=name.split("/")[0], env_id="bench", seed=0,
-        token_ids=rng.integers(10, vocab, n), loss_mask=loss_mask,
-        logprobs=np.where(on, behaviour, np.nan), versions=np.where(on, 0, -1),
-        spans=tuple(spans), messages=[], turn_rewards=[0.0], reward=float(rng.random()),
+        episode_id=name,
+        task_id=name.split("/")[0],
+        env_id="bench",
+        seed=0,
+        token_ids=rng.integers(10, vocab, n),
+        loss_mask=loss_mask,
+        logprobs=np.where(on, behaviour, np.nan),
+        versions=np.where(on, 0, -1),
+        spans=tuple(spans),
+        messages=[],
+        turn_rewards=[0.0],
+        reward=float(rng.random()),
         status="finished",
-    )  # fmt: skip
+    )
 
 
 def synthetic_groups(case: Case, vocab: int, seed: int = 0) -> list[Any]:

@@ -13,6 +13,7 @@ register_env("agentrl/Maze-v0", "envs.maze:MazeEnv", max_episode_steps=60)
 register_env("agentrl/Sql-v0", "envs.sql:SqlEnv", max_episode_steps=8)
 register_env("agentrl/Digits-v0", "envs.digits:DigitsEnv", max_episode_steps=1)
 # Gymnasium's own toy-text envs through the adapter (agentrl.adapter.from_gym).
-register_env("agentrl/FrozenLake-v1", "agentrl.adapter:from_gym", env_id="FrozenLake-v1",
-             is_slippery=False)  # fmt: skip
+register_env(
+    "agentrl/FrozenLake-v1", "agentrl.adapter:from_gym", env_id="FrozenLake-v1", is_slippery=False
+)
 register_env("agentrl/Taxi-v4", "agentrl.adapter:from_gym", env_id="Taxi-v4")

@@ -41,9 +41,10 @@ class MazeEnv(TextEnv):
             options = [
                 (r + dr, c + dc)
                 for dr, dc in MOVES.values()
-                if 0 <= r + dr < self.height and 0 <= c + dc < self.width
+                if 0 <= r + dr < self.height
+                and 0 <= c + dc < self.width
                 and (r + dr, c + dc) not in seen
-            ]  # fmt: skip
+            ]
             if not options:
                 stack.pop()
                 continue

@@ -32,13 +32,19 @@ def _primes_below(n: int) -> int:
 
 # (question template, range of n, answer of n)
 PUZZLES = (
-    ("What is the sum of the squares of the integers from 1 to {n}?", (50, 500),
-     lambda n: sum(i * i for i in range(1, n + 1))),
+    (
+        "What is the sum of the squares of the integers from 1 to {n}?",
+        (50, 500),
+        lambda n: sum(i * i for i in range(1, n + 1)),
+    ),
     ("What is the {n}-th Fibonacci number, with F(1) = F(2) = 1?", (20, 90), _fibonacci),
     ("How many prime numbers are smaller than {n}?", (1000, 20000), _primes_below),
-    ("What is the sum of the decimal digits of 2 to the power {n}?", (50, 400),
-     lambda n: sum(int(d) for d in str(2**n))),
-)  # fmt: skip
+    (
+        "What is the sum of the decimal digits of 2 to the power {n}?",
+        (50, 400),
+        lambda n: sum(int(d) for d in str(2**n)),
+    ),
+)
 
 
 class PythonPuzzleEnv(TextEnv):

@@ -24,13 +24,19 @@ SCHEMA = (
     "CREATE TABLE employees (id INTEGER PRIMARY KEY, name TEXT, department TEXT, salary INTEGER)"
 )
 QUESTIONS = (
-    ("What is the total salary of the {d} department?",
-     "SELECT SUM(salary) FROM employees WHERE department = ?"),
-    ("How many employees work in the {d} department?",
-     "SELECT COUNT(*) FROM employees WHERE department = ?"),
-    ("What is the highest salary in the {d} department?",
-     "SELECT MAX(salary) FROM employees WHERE department = ?"),
-)  # fmt: skip
+    (
+        "What is the total salary of the {d} department?",
+        "SELECT SUM(salary) FROM employees WHERE department = ?",
+    ),
+    (
+        "How many employees work in the {d} department?",
+        "SELECT COUNT(*) FROM employees WHERE department = ?",
+    ),
+    (
+        "What is the highest salary in the {d} department?",
+        "SELECT MAX(salary) FROM employees WHERE department = ?",
+    ),
+)
 
 
 class SqlEnv(TextEnv):
@@ -53,10 +59,14 @@ class SqlEnv(TextEnv):
 
         rng = np.random.default_rng(self.db_seed)
         rows = [
-            (i + 1, str(rng.choice(NAMES)), str(rng.choice(DEPARTMENTS)),
-             int(rng.integers(30, 200)) * 1000)
+            (
+                i + 1,
+                str(rng.choice(NAMES)),
+                str(rng.choice(DEPARTMENTS)),
+                int(rng.integers(30, 200)) * 1000,
+            )
             for i in range(self.rows)
-        ]  # fmt: skip
+        ]
         tmp = self._dir / "company.db.tmp"
         tmp.unlink(missing_ok=True)
         with sqlite3.connect(tmp) as conn:

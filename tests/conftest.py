@@ -105,11 +105,26 @@ _ROWS: list[dict[str, Any]] = []
 
 @pytest.fixture
 def record_fault(request: pytest.FixtureRequest) -> Callable[..., None]:
-    def record(fault: str, *, injected: int, survived: int, lost: int,
-               trained_twice: int = 0, runs: int | None = None) -> None:  # fmt: skip
-        _ROWS.append({"fault": fault, "injected": injected, "runs": runs or injected,
-                      "survived": survived, "lost": lost, "trained_twice": trained_twice,
-                      "test": request.node.originalname})  # fmt: skip
+    def record(
+        fault: str,
+        *,
+        injected: int,
+        survived: int,
+        lost: int,
+        trained_twice: int = 0,
+        runs: int | None = None,
+    ) -> None:
+        _ROWS.append(
+            {
+                "fault": fault,
+                "injected": injected,
+                "runs": runs or injected,
+                "survived": survived,
+                "lost": lost,
+                "trained_twice": trained_twice,
+                "test": request.node.originalname,
+            }
+        )
 
     return record
 
@@ -120,12 +135,18 @@ def fault_table() -> str:
         "|---|---:|---:|---:|---:|---|",
     ]
     for r in _ROWS:
-        lines.append(f"| {r['fault']} | {r['injected']} | {r['survived']}/{r['runs']} | "
-                     f"{r['lost']} | {r['trained_twice']} | `{r['test']}` |")  # fmt: skip
-    total = {k: sum(r[k] for r in _ROWS) for k in ("injected", "runs", "survived", "lost",
-                                                    "trained_twice")}  # fmt: skip
-    lines.append(f"| **all** | {total['injected']} | {total['survived']}/{total['runs']} | "
-                 f"{total['lost']} | {total['trained_twice']} | |")  # fmt: skip
+        lines.append(
+            f"| {r['fault']} | {r['injected']} | {r['survived']}/{r['runs']} | "
+            f"{r['lost']} | {r['trained_twice']} | `{r['test']}` |"
+        )
+    total = {
+        k: sum(r[k] for r in _ROWS)
+        for k in ("injected", "runs", "survived", "lost", "trained_twice")
+    }
+    lines.append(
+        f"| **all** | {total['injected']} | {total['survived']}/{total['runs']} | "
+        f"{total['lost']} | {total['trained_twice']} | |"
+    )
     return "\n".join(lines)
 
 

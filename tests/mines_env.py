@@ -19,8 +19,9 @@ class MinesEnv(TextEnv):
 
     system_prompt = "Reply with one move: reveal R C."
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None
-              ) -> tuple[str, dict[str, Any]]:  # fmt: skip
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
         self.mines: set[tuple[int, int]] | None = None
         self.moves = 0
@@ -29,8 +30,11 @@ class MinesEnv(TextEnv):
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         self.moves += 1
         parts = action.split()
-        if (len(parts) != 3 or parts[0] != "reveal"
-                or not all(p.isdigit() and int(p) < SIZE for p in parts[1:])):  # fmt: skip
+        if (
+            len(parts) != 3
+            or parts[0] != "reveal"
+            or not all(p.isdigit() and int(p) < SIZE for p in parts[1:])
+        ):
             return "Unknown move.", 0.0, False, self.moves >= 10, {}
         if self.mines is None:  # the bug: placed with the process-wide RNG
             self.mines = {(random.randrange(SIZE), random.randrange(SIZE)) for _ in range(6)}

@@ -22,8 +22,9 @@ async def _crash(after_s: float = 0.0) -> None:
 async def test_a_failure_is_raised_at_the_next_check_and_at_close(caplog) -> None:
     caplog.set_level(logging.ERROR, logger="agentrl.background")
     woken: list[BaseException] = []
-    tasks = BackgroundTasks("the test pool", error=lambda e: InfraError(f"crashed: {e}"),
-                            on_failure=woken.append)  # fmt: skip
+    tasks = BackgroundTasks(
+        "the test pool", error=lambda e: InfraError(f"crashed: {e}"), on_failure=woken.append
+    )
     tasks.check()  # nothing yet
     task = tasks.start(_crash(), name="health")
     await asyncio.wait([task])

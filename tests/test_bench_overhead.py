@@ -95,8 +95,9 @@ class _TokenEngine:
         yield _TokenOutput(True, [7] * params.max_tokens)
 
 
-def _raw(engine, timer: RequestTimes, episodes: int, turns: int,
-         **kwargs) -> tuple[dict[str, float], float]:  # fmt: skip
+def _raw(
+    engine, timer: RequestTimes, episodes: int, turns: int, **kwargs
+) -> tuple[dict[str, float], float]:
     """``raw_round`` of ``episodes`` 5-token turns against ``engine``: every token sampled;
     the round's request gaps and CPU time."""
 

@@ -150,8 +150,12 @@ def test_an_unknown_id_is_one_clear_error() -> None:
 
     with pytest.raises(ConfigError, match="not registered"):
         check_env("nope/Missing-v0")
-    out = subprocess.run([sys.executable, "-m", "agentrl.cli", "check-env", "nope/Missing-v0"],
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "agentrl.cli", "check-env", "nope/Missing-v0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 1
     assert out.stdout == ""
     lines = [line for line in out.stderr.splitlines() if line.strip()]
@@ -185,11 +189,25 @@ def test_a_step_time_draw_reached_only_through_example_actions_is_flagged() -> N
 @pytest.mark.timeout(120)
 def test_cli_example_actions_and_kwargs() -> None:
     cli = [sys.executable, "-m", "agentrl.cli", "check-env"]
-    out = subprocess.run([*cli, "user/Mines-v0", "--import", MINES, "--example-action",
-                          "reveal 0 0"], capture_output=True, text=True, timeout=120)  # fmt: skip
+    out = subprocess.run(
+        [*cli, "user/Mines-v0", "--import", MINES, "--example-action", "reveal 0 0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 1, out.stdout + out.stderr
     assert "FAIL  seeded-determinism" in out.stdout
-    ok = subprocess.run([*cli, "agentrl/GuessNumber-v0", "--kwargs", '{"high": 30}',
-                         "--example-action", "Guess: 7"], capture_output=True, text=True,
-                        timeout=120)  # fmt: skip
+    ok = subprocess.run(
+        [
+            *cli,
+            "agentrl/GuessNumber-v0",
+            "--kwargs",
+            '{"high": 30}',
+            "--example-action",
+            "Guess: 7",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert ok.returncode == 0 and "all rules passed" in ok.stdout, ok.stdout + ok.stderr

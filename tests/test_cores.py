@@ -31,8 +31,9 @@ time.sleep(60)
 def _child(name: str, bound: set[int]) -> subprocess.Popen[str]:
     proc = subprocess.Popen(
         [sys.executable, "-c", WORKER, name, ",".join(map(str, sorted(bound)))],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
     return proc
 
@@ -89,8 +90,10 @@ def test_keeps_every_thread_off_the_workers_cores_and_gives_them_back(
             assert os.sched_getaffinity(0) == all_cores
             child = subprocess.run(
                 [sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
-                capture_output=True, text=True, check=True,
-            )  # fmt: skip
+                capture_output=True,
+                text=True,
+                check=True,
+            )
         assert child.stdout.strip() == str(sorted(all_cores))
         assert os.sched_getaffinity(0) == rest, "and the calling thread is narrowed again"
         with cores.suspended():  # the benchmark's diagnostic: every thread on every core

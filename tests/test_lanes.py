@@ -156,8 +156,7 @@ def test_a_call_hung_past_its_deadline_does_not_hold_up_the_exit() -> None:
 
         asyncio.run(main())
     """)
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=30)  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     assert done.returncode == 0 and done.stdout.strip() == "timed out", done.stderr
 
 
@@ -208,8 +207,9 @@ async def test_many_scopes_expire_each_at_its_own_deadline_on_one_timer() -> Non
     # The sleeps are on the heap (one each); the deadlines add one timer, not 200.
     assert len(loop._scheduled) <= heap_before + 200 + 1  # type: ignore[attr-defined]
     await asyncio.gather(*tasks)
-    assert [outcomes[i] for i in range(200)] == ["timed out" if i % 2 else "done"
-                                                 for i in range(200)]  # fmt: skip
+    assert [outcomes[i] for i in range(200)] == [
+        "timed out" if i % 2 else "done" for i in range(200)
+    ]
     late = [ended[i] - started[i] - 0.3 for i in range(1, 200, 2)]
     assert min(late) >= 0 and max(late) < 0.5, (min(late), max(late))  # slack: a loaded CI
     assert deadlines.pending == 0

@@ -28,8 +28,12 @@ def lint_imports(project: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(project), "COLUMNS": "200"}
     return subprocess.run(
         [str(LINT_IMPORTS), "--no-cache", "--no-logo", str(project / "pyproject.toml")],
-        cwd=project, env=env, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 @pytest.mark.timeout(60)
@@ -42,30 +46,42 @@ def test_every_import_contract_is_kept() -> None:
 # (file in the copy of agentrl, line appended to it, contract broken, words in the report)
 BREAKS = {
     "trainer imports rollout": (
-        "trainer/loop.py", "from agentrl.rollout.scheduler import Scheduler",
-        "agentrl layers", "agentrl.trainer.loop -> agentrl.rollout.scheduler",
+        "trainer/loop.py",
+        "from agentrl.rollout.scheduler import Scheduler",
+        "agentrl layers",
+        "agentrl.trainer.loop -> agentrl.rollout.scheduler",
     ),
     "inference imports rollout": (
-        "inference/pool.py", "import agentrl.rollout.runner",
-        "agentrl layers", "agentrl.inference.pool -> agentrl.rollout.runner",
+        "inference/pool.py",
+        "import agentrl.rollout.runner",
+        "agentrl layers",
+        "agentrl.inference.pool -> agentrl.rollout.runner",
     ),
     "ground imports up": (
-        "types/values.py", "import agentrl.store",
-        "agentrl layers", "agentrl.types.values -> agentrl.store",
+        "types/values.py",
+        "import agentrl.store",
+        "agentrl layers",
+        "agentrl.types.values -> agentrl.store",
     ),
     "module without a layer": (
-        "unplaced.py", "x = 1",
-        "agentrl layers", "agentrl.unplaced",
+        "unplaced.py",
+        "x = 1",
+        "agentrl layers",
+        "agentrl.unplaced",
     ),
     "library imports envs": (
-        "env/__init__.py", "import envs",
-        "agentrl never imports", "agentrl.env -> envs",
+        "env/__init__.py",
+        "import envs",
+        "agentrl never imports",
+        "agentrl.env -> envs",
     ),
     "sibling cycle": (
-        "trainer/losses.py", "import agentrl.trainer.batch",
-        "no import cycles", "No cycles are allowed in agentrl.trainer",
+        "trainer/losses.py",
+        "import agentrl.trainer.batch",
+        "no import cycles",
+        "No cycles are allowed in agentrl.trainer",
     ),
-}  # fmt: skip
+}
 
 
 @pytest.mark.timeout(60)

@@ -39,9 +39,14 @@ def _wait(predicate, timeout_s: float = 15.0) -> bool:  # type: ignore[no-untype
 def _script(tmp_path: Path, body: str) -> subprocess.Popen[str]:
     path = tmp_path / "prog.py"
     path.write_text(textwrap.dedent(body))
-    return subprocess.Popen([sys.executable, str(path)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            cwd=tmp_path)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        cwd=tmp_path,
+    )
 
 
 def _ready(proc: subprocess.Popen[str]) -> list[int]:
@@ -133,18 +138,33 @@ def test_kill_processes_spares_a_reused_pid() -> None:
 def test_stop_processes_asks_first_then_kills(tmp_path: Path) -> None:
     """SIGTERM lets a process clean up (vllm serve, the resource tracker); one that
     ignores it is SIGKILLed after the grace period."""
-    polite = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+    polite = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
         import signal, sys, time
         def bye(*_):
             open({str(tmp_path / "bye")!r}, "w").write("cleaned up")
             sys.exit(0)
         signal.signal(signal.SIGTERM, bye)
         print("ready", flush=True)
-        time.sleep(60)""")], stdout=subprocess.PIPE, text=True)  # fmt: skip
-    stubborn = subprocess.Popen([sys.executable, "-c", "import signal, time; "
-                                 "signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-                                 "print('ready', flush=True); time.sleep(60)"],
-                                stdout=subprocess.PIPE, text=True)  # fmt: skip
+        time.sleep(60)"""),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    stubborn = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import signal, time; "
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "print('ready', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         for proc in (polite, stubborn):
             assert proc.stdout is not None and proc.stdout.readline().startswith("ready")
@@ -236,8 +256,10 @@ def test_fault_points_can_send_a_signal_instead_of_sigkill() -> None:
 
     try:
         faults.arm("generation@2=TERM,optimizer_step")
-        assert faults._armed == {"generation": (2, signal.SIGTERM),
-                                 "optimizer_step": (1, signal.SIGKILL)}  # fmt: skip
+        assert faults._armed == {
+            "generation": (2, signal.SIGTERM),
+            "optimizer_step": (1, signal.SIGKILL),
+        }
         with pytest.raises(ValueError, match="the signal after = must be one of"):
             faults.arm("generation@2=STOP")
     finally:

@@ -9,20 +9,47 @@ import pytest
 
 from agentrl.monitor import eval_cell, plain_line, top, write_status
 
-EVAL = {"label": "before", "step": 0, "version": 0, "episodes": 8, "k": 1,
-        "success_rate": 0.5, "tool_use_rate": 0.0, "reward_mean": 0.5}  # fmt: skip
+EVAL = {
+    "label": "before",
+    "step": 0,
+    "version": 0,
+    "episodes": 8,
+    "k": 1,
+    "success_rate": 0.5,
+    "tool_use_rate": 0.0,
+    "reward_mean": 0.5,
+}
 
 
 def _status(*, tools: bool, mode: str) -> dict[str, Any]:
     return {
-        "name": "r", "state": "finished", "step": 3, "steps": 3, "version": 3,
-        "reward_mean": 0.5, "success_rate": 0.5, "tool_use_rate": 0.0,
-        "tokens_per_s": 100.0, "staleness_mean": 0.0, "staleness_max": 0,
-        "tools": tools, "mode": mode, "eval": {"before": EVAL},
-        "episodes": [{"episode": "E#1/0", "env": "agentrl/X-v0", "turn": 2, "phase": "engine",
-                      "started_version": 3, "tokens_by_version": {"3": 12}, "tool_calls": 7,
-                      "age_s": 1.5}],
-    }  # fmt: skip
+        "name": "r",
+        "state": "finished",
+        "step": 3,
+        "steps": 3,
+        "version": 3,
+        "reward_mean": 0.5,
+        "success_rate": 0.5,
+        "tool_use_rate": 0.0,
+        "tokens_per_s": 100.0,
+        "staleness_mean": 0.0,
+        "staleness_max": 0,
+        "tools": tools,
+        "mode": mode,
+        "eval": {"before": EVAL},
+        "episodes": [
+            {
+                "episode": "E#1/0",
+                "env": "agentrl/X-v0",
+                "turn": 2,
+                "phase": "engine",
+                "started_version": 3,
+                "tokens_by_version": {"3": 12},
+                "tool_calls": 7,
+                "age_s": 1.5,
+            }
+        ],
+    }
 
 
 @pytest.mark.timeout(30)

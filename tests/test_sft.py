@@ -76,8 +76,9 @@ def test_warm_start_lowers_the_assistant_loss(tokenizer, tiny_model: Path, tmp_p
 
     out = tmp_path / "warm"
     lines: list[str] = []
-    result = warm_start(tiny_model, [(SFTSettings(steps=12, batch_size=8, lr=3e-3), rows)], out,
-                        on_log=lines.append)  # fmt: skip
+    result = warm_start(
+        tiny_model, [(SFTSettings(steps=12, batch_size=8, lr=3e-3), rows)], out, on_log=lines.append
+    )
     assert result == out and (out / "config.json").is_file() and (out / "tokenizer.json").is_file()
     assert not (tmp_path / ".warm.partial").exists()
     assert any("sft stage 1: step 12/12" in line for line in lines)

@@ -30,9 +30,13 @@ def test_registered_env_passes_gymnasium_and_agentrl_checks(env_id: str) -> None
     env.close()
     results = check_env(env_id)
     assert [r.rule for r in results] == [
-        "gymnasium", "seeded-determinism", "isolation", "state-round-trip",
-        "robust-actions", "prefix-preserving",
-    ]  # fmt: skip
+        "gymnasium",
+        "seeded-determinism",
+        "isolation",
+        "state-round-trip",
+        "robust-actions",
+        "prefix-preserving",
+    ]
     assert all(r.passed for r in results), results
 
 

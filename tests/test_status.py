@@ -12,8 +12,16 @@ from agentrl.evaluation import eval_line
 from agentrl.metrics import Metrics
 from agentrl.status import RunStatus, env_offers_tools
 
-SUMMARY = {"label": "after", "step": 4, "version": 4, "episodes": 16, "k": 1,
-           "success_rate": 0.75, "tool_use_rate": 0.0, "reward_mean": 0.75}  # fmt: skip
+SUMMARY = {
+    "label": "after",
+    "step": 4,
+    "version": 4,
+    "episodes": 16,
+    "k": 1,
+    "success_rate": 0.75,
+    "tool_use_rate": 0.0,
+    "reward_mean": 0.75,
+}
 
 
 @pytest.mark.timeout(60)
@@ -27,8 +35,9 @@ def test_env_offers_tools_reads_the_env() -> None:
 
 @pytest.mark.timeout(60)
 def test_the_status_file_says_whether_tools_and_staleness_apply(tmp_path: Path) -> None:
-    config = RunConfig.from_dict({"env": {"id": "agentrl/GuessNumber-v0"},
-                                  "train": {"mode": "sync"}})  # fmt: skip
+    config = RunConfig.from_dict(
+        {"env": {"id": "agentrl/GuessNumber-v0"}, "train": {"mode": "sync"}}
+    )
     snapshot = RunStatus(config, tmp_path, Metrics()).snapshot()
     assert snapshot["tools"] is False and snapshot["mode"] == "sync"
     config = RunConfig.from_dict({"env": {"id": "agentrl/Calculator-v0"}})

@@ -249,8 +249,7 @@ def test_the_failure_kind_is_stored_and_older_rows_without_it_still_load(
         store.add_tasks([task], 1)
         store.save_episode([failed])
         (back,) = store.trajectories(failed.episode_id)
-        assert (back.status, back.failure, back.reason) == ("failed", failed.failure,
-                                                            failed.reason)  # fmt: skip
+        assert (back.status, back.failure, back.reason) == ("failed", failed.failure, failed.reason)
         # A row written before the kind was a field: its meta has no "failure" key.
         with store.batch() as db:
             db.execute("UPDATE trajectories SET meta = json_remove(meta, '$.failure')")
@@ -293,8 +292,12 @@ def test_writer_batches_in_order_and_keeps_only_the_newest_checkpoint(
     asyncio.run(main())
 
 
-WRITE_TIMES = {"trajectories": "created_at", "episodes": "updated_at",
-               "partials": "written_at", "versions": "published_at"}  # fmt: skip
+WRITE_TIMES = {
+    "trajectories": "created_at",
+    "episodes": "updated_at",
+    "partials": "written_at",
+    "versions": "published_at",
+}
 """The column of each table that holds when a row was written (differs between runs)."""
 
 
@@ -325,8 +328,11 @@ def table_rows(store: EpisodeStore, tables: tuple[str, ...]) -> dict[str, list[t
     db = store._db
     out = {}
     for table in tables:
-        names = [r[1] for r in db.execute(f"PRAGMA table_info({table})")
-                 if r[1] != WRITE_TIMES.get(table)]  # fmt: skip
+        names = [
+            r[1]
+            for r in db.execute(f"PRAGMA table_info({table})")
+            if r[1] != WRITE_TIMES.get(table)
+        ]
         out[table] = db.execute(f"SELECT {', '.join(names)} FROM {table} ORDER BY 1, 2").fetchall()
     return out
 
@@ -389,8 +395,9 @@ def test_episode_ends_written_together_store_what_writing_them_one_by_one_stores
     assert got == expected
     with EpisodeStore.open(tmp_path / "batched") as store:
         db = store._db
-        assert db.execute("SELECT min_version, max_version FROM trajectories WHERE "
-                          "episode_id = ?", (ids[1],)).fetchall() == [(2, 7)]  # fmt: skip
+        assert db.execute(
+            "SELECT min_version, max_version FROM trajectories WHERE episode_id = ?", (ids[1],)
+        ).fetchall() == [(2, 7)]
         states = db.execute("SELECT episode_id, state FROM episodes ORDER BY 1").fetchall()
         assert states == [(ids[0], "finished"), (ids[1], "retried"), (ids[2], "paused")]
         partials = db.execute("SELECT episode_id, attempt FROM partials ORDER BY 1").fetchall()
@@ -404,8 +411,10 @@ def test_a_batch_of_interleaved_lifecycles_stores_what_each_write_in_order_store
     statement run each; every row is what writing each op in the order submitted writes
     (task positions, a retried attempt restarted in the same run, groups completed after
     their ends), and checkpoints, drops and versions between runs keep their places."""
-    runs = {seed: asyncio.run(run_with_checkpoints(tokenizer, "tests/Counter-v0", seed))
-            for seed in (3, 4)}  # fmt: skip
+    runs = {
+        seed: asyncio.run(run_with_checkpoints(tokenizer, "tests/Counter-v0", seed))
+        for seed in (3, 4)
+    }
     tasks = {seed: Task(f"t#{seed}", "tests/Counter-v0", seed) for seed in (3, 4, 5)}
     ends3 = runs[3][0]
     ends4 = runs[4][0]
@@ -414,19 +423,26 @@ def test_a_batch_of_interleaved_lifecycles_stores_what_each_write_in_order_store
     snap4_retry = dataclasses.replace(runs[4][1][1], attempt=1)
     snap5_retry = dataclasses.replace(snap3, episode_id="t#5/0", attempt=1, task=tasks[5])
     ops: list[tuple[str, tuple[Any, ...]]] = [
-        ("task", (tasks[3], 1)), ("started", ("t#3/0", tasks[3], 0, 0)),
-        ("task", (tasks[4], 1)), ("started", ("t#4/0", tasks[4], 0, 0)),
+        ("task", (tasks[3], 1)),
+        ("started", ("t#3/0", tasks[3], 0, 0)),
+        ("task", (tasks[4], 1)),
+        ("started", ("t#4/0", tasks[4], 0, 0)),
         ("partial", (snap3,)),
-        ("episode", (ends3, False)), ("group", (Group(tasks[3], 1, ends3),)),
-        ("task", (tasks[5], 1)), ("started", ("t#5/0", tasks[5], 0, 0)),
-        ("episode", (ends4, True)), ("started", ("t#4/0", tasks[4], 1, 0)),
+        ("episode", (ends3, False)),
+        ("group", (Group(tasks[3], 1, ends3),)),
+        ("task", (tasks[5], 1)),
+        ("started", ("t#5/0", tasks[5], 0, 0)),
+        ("episode", (ends4, True)),
+        ("started", ("t#4/0", tasks[4], 1, 0)),
         ("task", (tasks[3], 1)),  # known already: left as it is
         ("dropped", ("t#5/0", 0, "dropped at a weight update")),
-        ("started", ("t#5/0", tasks[5], 1, 1)), ("partial", (snap5_retry,)),
+        ("started", ("t#5/0", tasks[5], 1, 1)),
+        ("partial", (snap5_retry,)),
         ("partial", (snap4_retry,)),  # made moot by its end below, as snap3 is
-        ("episode", (ends4_retry, False)), ("group", (Group(tasks[4], 1, ends4_retry),)),
+        ("episode", (ends4_retry, False)),
+        ("group", (Group(tasks[4], 1, ends4_retry),)),
         ("version", (1, "full", "here", {"step": 1})),
-    ]  # fmt: skip
+    ]
 
     def rows(store: EpisodeStore) -> dict[str, list[tuple[Any, ...]]]:
         return table_rows(store, ("tasks", "trajectories", "episodes", "partials", "versions"))
@@ -448,21 +464,32 @@ def test_a_batch_of_interleaved_lifecycles_stores_what_each_write_in_order_store
     async def batched() -> tuple[dict[str, list[tuple[Any, ...]]], list[tuple[str, int]]]:
         calls: list[tuple[str, int]] = []
         with EpisodeStore.open(tmp_path / "batched") as store:
-            for name in ("add_sized_tasks", "episodes_started", "save_episodes",
-                         "complete_groups", "save_partials"):  # fmt: skip
+            for name in (
+                "add_sized_tasks",
+                "episodes_started",
+                "save_episodes",
+                "complete_groups",
+                "save_partials",
+            ):
                 method = getattr(store, name)
 
-                def spy(items: Any, *a: Any, _name: str = name, _method: Any = method,
-                        **k: Any) -> Any:  # fmt: skip
+                def spy(
+                    items: Any, *a: Any, _name: str = name, _method: Any = method, **k: Any
+                ) -> Any:
                     calls.append((_name, len(items)))
                     return _method(items, *a, **k)
 
                 monkeypatch.setattr(store, name, spy)
             async with StoreWriter(store, interval_s=60) as writer:
-                submit = {"task": writer.task, "started": writer.started,
-                          "partial": writer.partial, "group": writer.group,
-                          "dropped": writer.dropped, "version": writer.version,
-                          "episode": lambda ts, r: writer.episode(ts, retried=r)}  # fmt: skip
+                submit = {
+                    "task": writer.task,
+                    "started": writer.started,
+                    "partial": writer.partial,
+                    "group": writer.group,
+                    "dropped": writer.dropped,
+                    "version": writer.version,
+                    "episode": lambda ts, r: writer.episode(ts, retried=r),
+                }
                 for kind, args in ops:
                     submit[kind](*args)
             return rows(store), calls
@@ -470,11 +497,15 @@ def test_a_batch_of_interleaved_lifecycles_stores_what_each_write_in_order_store
     got, calls = asyncio.run(batched())
     assert got == expected
     assert calls == [
-        ("add_sized_tasks", 4), ("episodes_started", 4), ("save_episodes", 2),
+        ("add_sized_tasks", 4),
+        ("episodes_started", 4),
+        ("save_episodes", 2),
         ("complete_groups", 1),  # then the drop
-        ("episodes_started", 1), ("save_partials", 1), ("save_episodes", 1),
+        ("episodes_started", 1),
+        ("save_partials", 1),
+        ("save_episodes", 1),
         ("complete_groups", 1),  # then the version
-    ], "each run's writes of a kind went in one call, the runs in the order submitted"  # fmt: skip
+    ], "each run's writes of a kind went in one call, the runs in the order submitted"
     assert [(r[0], r[1]) for r in got["partials"]] == [("t#5/0", 1)]
     assert [r[0] for r in got["tasks"]] == ["t#3", "t#4", "t#5"]
     assert [r[1] for r in got["tasks"]] == [0, 1, 2], "positions in the order submitted"
@@ -502,8 +533,9 @@ def test_crash_mid_run_then_resume_runs_every_task_exactly_once(
                         enough.set()
 
                 runner = EpisodeRunner(client, tokenizer, checkpoint=checkpoint)
-                scheduler = Scheduler(runner, TrajectoryQueue(100), config, writer=writer,
-                                      resume=resume)  # fmt: skip
+                scheduler = Scheduler(
+                    runner, TrajectoryQueue(100), config, writer=writer, resume=resume
+                )
                 if stop_after is None:
                     await scheduler.run(tasks)
                     return scheduler

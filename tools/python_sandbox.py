@@ -25,8 +25,7 @@ from collections.abc import Awaitable, Callable
 from agentrl.sandbox import SandboxLimits, SandboxPolicy, SandboxResult, mark_tool
 from agentrl.sandbox import run_python as _run_sandboxed
 
-__all__ = ["SandboxLimits", "SandboxPolicy", "SandboxResult", "python", "python_tool",
-           "run_python"]  # fmt: skip
+__all__ = ["SandboxLimits", "SandboxPolicy", "SandboxResult", "python", "python_tool", "run_python"]
 
 
 async def run_python(

@@ -44,8 +44,12 @@ def as_messages(obs: Any) -> list[Message]:
     return [{"role": "user", "content": "" if obs is None else str(obs)}]
 
 
-_ARRAYS = (("token_ids", np.int32), ("logprobs", np.float32), ("versions", np.int32),
-           ("loss_mask", np.int8))  # fmt: skip
+_ARRAYS = (
+    ("token_ids", np.int32),
+    ("logprobs", np.float32),
+    ("versions", np.int32),
+    ("loss_mask", np.int8),
+)
 """The parallel lists of a :class:`Segment` and their dtypes in :class:`SegmentArrays`."""
 
 
@@ -111,8 +115,14 @@ class Segment:
             spans.append(TokenSpan(span.kind, span.start, min(span.end, n), span.turn))
         self.spans = spans
 
-    def append(self, kind: SpanKind, turn: int, ids: Sequence[int], logprobs: Sequence[float] = (),
-               versions: Sequence[int] = ()) -> None:  # fmt: skip
+    def append(
+        self,
+        kind: SpanKind,
+        turn: int,
+        ids: Sequence[int],
+        logprobs: Sequence[float] = (),
+        versions: Sequence[int] = (),
+    ) -> None:
         if not ids:
             return
         start = len(self.token_ids)
@@ -166,8 +176,13 @@ class Conversation:
         self.current.append("prompt", 0, self.render(self.messages, add_generation_prompt=True))
 
     @classmethod
-    def restore(cls, tokenizer: Any, partial: PartialEpisode, *,
-                template_kwargs: Mapping[str, Any] | None = None) -> Conversation:  # fmt: skip
+    def restore(
+        cls,
+        tokenizer: Any,
+        partial: PartialEpisode,
+        *,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> Conversation:
         """The conversation of a checkpointed episode, token for token (nothing re-rendered);
         ``template_kwargs`` as in the constructor, for the turns still to come."""
         self = cls.__new__(cls)
@@ -208,9 +223,12 @@ class Conversation:
         conversation is tokenized (each turn renders the whole conversation twice).
         """
         if self._renderer is not None:
-            return self._renderer.render(messages, add_generation_prompt=add_generation_prompt,
-                                         tools=self.tools,
-                                         template_kwargs=self.template_kwargs)  # fmt: skip
+            return self._renderer.render(
+                messages,
+                add_generation_prompt=add_generation_prompt,
+                tools=self.tools,
+                template_kwargs=self.template_kwargs,
+            )
         out = self.tokenizer.apply_chat_template(
             messages,
             tools=self.tools,
@@ -259,8 +277,9 @@ class Conversation:
         if renderer is not None and renderer.usable():
             kwargs = {"tools": self.tools, "template_kwargs": self.template_kwargs}
             base_text = renderer.text(self.messages, add_generation_prompt=False, **kwargs)
-            full_text = renderer.text(self.messages + new_messages, add_generation_prompt=True,
-                                      **kwargs)  # fmt: skip
+            full_text = renderer.text(
+                self.messages + new_messages, add_generation_prompt=True, **kwargs
+            )
             delta = self._piece_delta(renderer, base_text, full_text)
             if delta is not None:
                 return delta, True
@@ -281,8 +300,9 @@ class Conversation:
             return full, False
         return closing + full[len(base) :], True
 
-    def _piece_delta(self, renderer: RenderTokenizer, base_text: str,
-                     full_text: str) -> list[int] | None:  # fmt: skip
+    def _piece_delta(
+        self, renderer: RenderTokenizer, base_text: str, full_text: str
+    ) -> list[int] | None:
         """:meth:`delta_for`'s tokens for a prefix-preserving turn, from the renderings
         compared piece by piece (None: compare tokens instead).
 
@@ -303,8 +323,14 @@ class Conversation:
         tail = renderer.ids(full, n)
         if tail is None or not self.messages or self.messages[-1]["role"] != "assistant":
             return tail
-        last = next((i for i in range(n - 1, 0, -1)
-                     if renderer.added_id(base[i][0]) in self.end_of_turn_ids), None)  # fmt: skip
+        last = next(
+            (
+                i
+                for i in range(n - 1, 0, -1)
+                if renderer.added_id(base[i][0]) in self.end_of_turn_ids
+            ),
+            None,
+        )
         closing = renderer.ids(base, last) if last is not None else None
         if closing is None:
             return None
@@ -383,8 +409,9 @@ def _end_of_turn_ids(tokenizer: Any) -> set[int]:
     backend = getattr(tokenizer, "backend_tokenizer", None)
     size = backend.get_vocab_size(with_added_tokens=True) if backend is not None else None
     setup = None if size is None else (size, tokenizer.eos_token, tokenizer.unk_token)
-    return set(per_tokenizer(_EOT, tokenizer, setup,
-                             lambda: frozenset(_read_end_of_turn_ids(tokenizer))))  # fmt: skip
+    return set(
+        per_tokenizer(_EOT, tokenizer, setup, lambda: frozenset(_read_end_of_turn_ids(tokenizer)))
+    )
 
 
 def _read_end_of_turn_ids(tokenizer: Any) -> set[int]:

@@ -57,8 +57,9 @@ class ChatFormat:
             return ParsedTurn((), ())
         return toolset.parse(answer, self.tools, finish_reason=finish_reason, turn=turn)
 
-    def tool_results(self, conversation: Conversation, parsed: ParsedTurn,
-                     results: Sequence[ToolResult]) -> list[Message]:  # fmt: skip
+    def tool_results(
+        self, conversation: Conversation, parsed: ParsedTurn, results: Sequence[ToolResult]
+    ) -> list[Message]:
         """The messages that take a turn's results back; first gives the assistant
         message its calls where the family's template renders them from ``tool_calls``."""
         assert self.tools is not None  # parsed calls come from it
@@ -104,8 +105,9 @@ def _build(key: str, name: str | None, cls: Callable[[str, Any], Any], tokenizer
             from agentrl.chat.reasoning import available_reasoning_formats
 
             known = ", ".join(["none", *available_reasoning_formats()])
-        raise ConfigError(f"{key} = {name!r} is not a vLLM parser; use auto or one of: "
-                          f"{known}") from None  # fmt: skip
+        raise ConfigError(
+            f"{key} = {name!r} is not a vLLM parser; use auto or one of: {known}"
+        ) from None
     except (RuntimeError, ValueError) as e:
         raise ConfigError(
             f"{key} = {name!r} does not fit this model's tokenizer ({e}); use auto, or the "

@@ -68,18 +68,34 @@ _PROMPT: list[Message] = [
     {"role": "system", "content": "Use the add tool, then answer with 'Answer: N'."},
     {"role": "user", "content": "What is 2 + 3?"},
 ]
-_CALL = {"id": "t0000c000", "type": "function",
-         "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}  # fmt: skip
+_CALL = {
+    "id": "t0000c000",
+    "type": "function",
+    "function": {"name": "add", "arguments": {"a": 2, "b": 3}},
+}
 
 
-def check_model(tokenizer: Any, *, name: str = "", settings: ModelConfig | None = None,
-                hf_config: dict[str, Any] | None = None) -> ModelReport:  # fmt: skip
+def check_model(
+    tokenizer: Any,
+    *,
+    name: str = "",
+    settings: ModelConfig | None = None,
+    hf_config: dict[str, Any] | None = None,
+) -> ModelReport:
     """Every check on one model (see the module doc); never raises for a finding."""
     settings = settings or ModelConfig()
     if not isinstance(getattr(tokenizer, "chat_template", None), str):
-        return ModelReport(name, (Finding("chat template", "error", "none",
-                                          "agentrl renders every turn with it: use an "
-                                          "instruct/chat model"),))  # fmt: skip
+        return ModelReport(
+            name,
+            (
+                Finding(
+                    "chat template",
+                    "error",
+                    "none",
+                    "agentrl renders every turn with it: use an instruct/chat model",
+                ),
+            ),
+        )
     try:
         chat = resolve_chat_format(tokenizer, settings)
     except ConfigError as e:
@@ -93,25 +109,37 @@ def check_model(tokenizer: Any, *, name: str = "", settings: ModelConfig | None 
 def _formats(chat: ChatFormat) -> list[Finding]:
     how = "detected from the chat template" if chat.detected else "set in [model]"
     if chat.tools is None:
-        tools = Finding("tool format", "warn", f"none ({how})",
-                        "no tool calls are read: all text goes to the env; an env with "
-                        "tools stops `agentrl train` (set model.tool_format)")  # fmt: skip
+        tools = Finding(
+            "tool format",
+            "warn",
+            f"none ({how})",
+            "no tool calls are read: all text goes to the env; an env with "
+            "tools stops `agentrl train` (set model.tool_format)",
+        )
     else:
         spec = FORMATS.get(chat.tools.name)
         families = f" - {spec.families}" if spec else ""
-        tools = Finding("tool format", "ok", f"{chat.tools.name}{families} ({how})",
-                        f"calls are read by vLLM's `{chat.tools.name}` tool parser; "
-                        "failures count as malformed_json, cut_off, unknown_tool, "
-                        "bad_arguments")  # fmt: skip
+        tools = Finding(
+            "tool format",
+            "ok",
+            f"{chat.tools.name}{families} ({how})",
+            f"calls are read by vLLM's `{chat.tools.name}` tool parser; "
+            "failures count as malformed_json, cut_off, unknown_tool, "
+            "bad_arguments",
+        )
     if chat.reasoning is None:
         reasoning = Finding("reasoning", "ok", "none", "turns are all answer")
     else:
         spec_r = REASONING.get(chat.reasoning.name)
         families = f" - {spec_r.families}" if spec_r else ""
-        reasoning = Finding("reasoning", "ok", f"{chat.reasoning.name}{families}",
-                            "thinking is split off (vLLM's reasoning parser) before the env "
-                            "and the tool parser see a turn; it stays in the token record "
-                            "and is trained")  # fmt: skip
+        reasoning = Finding(
+            "reasoning",
+            "ok",
+            f"{chat.reasoning.name}{families}",
+            "thinking is split off (vLLM's reasoning parser) before the env "
+            "and the tool parser see a turn; it stays in the token record "
+            "and is trained",
+        )
     return [tools, reasoning]
 
 
@@ -121,8 +149,9 @@ def rendered_call(tokenizer: Any, template_kwargs: Mapping[str, Any] | None = No
     tools = ToolSet([add]).schemas
     turn = [{"role": "assistant", "content": "", "tool_calls": [_CALL]}]
     kwargs = dict(template_kwargs or {})
-    prompt = tokenizer.apply_chat_template(_PROMPT, tools=tools, add_generation_prompt=True,
-                                           tokenize=False, **kwargs)  # fmt: skip
+    prompt = tokenizer.apply_chat_template(
+        _PROMPT, tools=tools, add_generation_prompt=True, tokenize=False, **kwargs
+    )
     full = tokenizer.apply_chat_template(_PROMPT + turn, tools=tools, tokenize=False, **kwargs)
     if full.startswith(prompt):
         rest = full[len(prompt) :]
@@ -144,16 +173,28 @@ def _round_trip(tokenizer: Any, chat: ChatFormat) -> Finding:
     try:
         text = rendered_call(tokenizer, chat.template_kwargs)
     except Exception as e:
-        return Finding("round trip", "warn", f"the template cannot render a call ({e})",
-                       "only the parser's side is used; check the format by hand")  # fmt: skip
+        return Finding(
+            "round trip",
+            "warn",
+            f"the template cannot render a call ({e})",
+            "only the parser's side is used; check the format by hand",
+        )
     parsed = chat.tools.parse(chat.answer(text), ToolSet([add]).schemas)
     got = [(c.name, dict(c.arguments)) for c in parsed.calls]
     if got == [("add", {"a": 2, "b": 3})] and not parsed.errors:
-        return Finding("round trip", "ok", f"{text.strip()!r} -> add(a=2, b=3)",
-                       "the template and the parser agree")  # fmt: skip
-    return Finding("round trip", "error", f"{text.strip()!r} -> {got or parsed.errors}",
-                   f"the `{chat.tools.name}` parser cannot read this template's calls; "
-                   "set model.tool_format to the model's format")  # fmt: skip
+        return Finding(
+            "round trip",
+            "ok",
+            f"{text.strip()!r} -> add(a=2, b=3)",
+            "the template and the parser agree",
+        )
+    return Finding(
+        "round trip",
+        "error",
+        f"{text.strip()!r} -> {got or parsed.errors}",
+        f"the `{chat.tools.name}` parser cannot read this template's calls; "
+        "set model.tool_format to the model's format",
+    )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -187,8 +228,10 @@ def history_costs(tokenizer: Any, settings: ModelConfig) -> dict[str, HistoryCos
         ConfigError: a setting names a parser vLLM does not have.
         Exception: whatever the template raises on the simulated conversation.
     """
-    variants = {"as set": settings,
-                "keep_thinking": dataclasses.replace(settings, keep_thinking=True)}  # fmt: skip
+    variants = {
+        "as set": settings,
+        "keep_thinking": dataclasses.replace(settings, keep_thinking=True),
+    }
     template = getattr(tokenizer, "chat_template", None)
     kwargs = settings.chat_template_kwargs
     if (
@@ -201,8 +244,10 @@ def history_costs(tokenizer: Any, settings: ModelConfig) -> dict[str, HistoryCos
         )
         variants[_THINKING_OFF] = off
         variants[_THINKING_OFF_KEPT] = dataclasses.replace(off, keep_thinking=True)
-    return {name: _simulate(tokenizer, resolve_chat_format(tokenizer, model))
-            for name, model in variants.items()}  # fmt: skip
+    return {
+        name: _simulate(tokenizer, resolve_chat_format(tokenizer, model))
+        for name, model in variants.items()
+    }
 
 
 def _prefix(tokenizer: Any, settings: ModelConfig) -> list[Finding]:
@@ -225,15 +270,23 @@ def _prefix(tokenizer: Any, settings: ModelConfig) -> list[Finding]:
 
 def _prefix_finding(plain: HistoryCost, kept: HistoryCost) -> Finding:
     if not plain.breaks:
-        return Finding("prefix", "ok", "preserved over a tool turn and a new user turn",
-                       "one training sequence per episode")  # fmt: skip
+        return Finding(
+            "prefix",
+            "ok",
+            "preserved over a tool turn and a new user turn",
+            "one training sequence per episode",
+        )
     where = "; ".join(plain.breaks)
     if kept.segments == 0:
         fix = "model.keep_thinking = true keeps one sequence (0 re-prefilled tokens)"
     else:
         fix = f"model.keep_thinking does not help here ({kept.segments} new segment(s) with it)"
-    return Finding("prefix", "warn", f"breaks at {where}",
-                   f"the runner starts a new segment there: {plain}; {fix}")  # fmt: skip
+    return Finding(
+        "prefix",
+        "warn",
+        f"breaks at {where}",
+        f"the runner starts a new segment there: {plain}; {fix}",
+    )
 
 
 def _simulate(tokenizer: Any, chat: ChatFormat) -> HistoryCost:
@@ -256,8 +309,9 @@ def _simulate(tokenizer: Any, chat: ChatFormat) -> HistoryCost:
         conv.add_sampled(ids, [0.0] * len(ids), [0] * len(ids))
         conv.end_assistant_turn(conv.decode(ids), "stop")
         if new is None:
-            parsed = chat.parse(ToolSet([add]), chat.answer(conv.messages[-1]["content"]),
-                                "stop", conv.turn - 1)  # fmt: skip
+            parsed = chat.parse(
+                ToolSet([add]), chat.answer(conv.messages[-1]["content"]), "stop", conv.turn - 1
+            )
             new = chat.tool_results(conv, parsed, [ToolResult("add", "5")] * len(parsed.calls))
         before = conv.segments_started
         base = conv.render(conv.messages, add_generation_prompt=False)
@@ -280,8 +334,10 @@ def _thinks(conv: Conversation, spec: ReasoningSpec | None) -> bool:
 
 
 def _difference(tokenizer: Any, base: list[int], full: list[int]) -> str:
-    at = next((i for i, (a, b) in enumerate(zip(base, full, strict=False)) if a != b),
-              min(len(base), len(full)))  # fmt: skip
+    at = next(
+        (i for i, (a, b) in enumerate(zip(base, full, strict=False)) if a != b),
+        min(len(base), len(full)),
+    )
     was = tokenizer.decode(base[at : at + 12], skip_special_tokens=False)
     now = tokenizer.decode(full[at : at + 12], skip_special_tokens=False)
     return f"token {at}: {was!r} becomes {now!r}"
@@ -294,8 +350,12 @@ def _special_tokens(tokenizer: Any, chat: ChatFormat) -> Finding:
     split = [m for m in markers if len(tokenizer.encode(m, add_special_tokens=False)) != 1]
     found = f"turns end on {', '.join(names)}; {len(tokenizer.all_special_tokens)} special tokens"
     if split:
-        return Finding("special tokens", "note", f"{found}; call marker(s) {split} are not "
-                       "single tokens", "parsing works on text; fine")  # fmt: skip
+        return Finding(
+            "special tokens",
+            "note",
+            f"{found}; call marker(s) {split} are not single tokens",
+            "parsing works on text; fine",
+        )
     return Finding("special tokens", "ok", found, "a turn ends at any of these tokens")
 
 
@@ -304,17 +364,24 @@ def _config_findings(tokenizer: Any, hf: dict[str, Any]) -> list[Finding]:
     tok_max = getattr(tokenizer, "model_max_length", None)
     if isinstance(tok_max, int) and tok_max < 10**9:
         window = min(window, tok_max) if window else tok_max
-    context = Finding("context", "ok" if window else "note", f"{window or 'unknown'} tokens",
-                      f"keep inference.max_model_len at most {window}" if window else
-                      "set inference.max_model_len to what the model was trained on")  # fmt: skip
+    context = Finding(
+        "context",
+        "ok" if window else "note",
+        f"{window or 'unknown'} tokens",
+        f"keep inference.max_model_len at most {window}"
+        if window
+        else "set inference.max_model_len to what the model was trained on",
+    )
     tied = hf.get("tie_word_embeddings", True) if hf else None
     if tied is None:
         return [context, Finding("tied embeddings", "note", "unknown (no config.json)", "-")]
     if tied:
-        action = ("on CPU vLLM's reload_weights keeps the old (tied) LM head: full-weight "
-                  "updates are only partly applied; agentrl warns at start; train with LoRA "
-                  "([trainer.lora] enabled = true) or untie the embeddings (GPU weight "
-                  "transfer is not affected)")  # fmt: skip
+        action = (
+            "on CPU vLLM's reload_weights keeps the old (tied) LM head: full-weight "
+            "updates are only partly applied; agentrl warns at start; train with LoRA "
+            "([trainer.lora] enabled = true) or untie the embeddings (GPU weight "
+            "transfer is not affected)"
+        )
         return [context, Finding("tied embeddings", "warn", "yes", action)]
     return [context, Finding("tied embeddings", "ok", "no", "weights publish in full, also on CPU")]
 
@@ -350,10 +417,14 @@ def check_tool_calls(model_path: str, settings: ModelConfig, env: EnvConfig) -> 
         env_obj.close()
     if not has_tools:
         return
-    report = check_model(AutoTokenizer.from_pretrained(model_path), name=model_path,
-                         settings=settings)  # fmt: skip
-    bad = [f for f in report.findings if f.level == "error" or
-           (f.topic == "tool format" and f.level == "warn")]  # fmt: skip
+    report = check_model(
+        AutoTokenizer.from_pretrained(model_path), name=model_path, settings=settings
+    )
+    bad = [
+        f
+        for f in report.findings
+        if f.level == "error" or (f.topic == "tool format" and f.level == "warn")
+    ]
     if bad:
         raise ConfigError(
             f"{env.id} gives the model tools, but {model_path}'s tool calls cannot be parsed: "

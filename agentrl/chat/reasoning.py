@@ -44,12 +44,18 @@ class ReasoningSpec:
 REASONING: dict[str, ReasoningSpec] = {
     s.name: s
     for s in (
-        ReasoningSpec("qwen3", "Qwen3, QwQ (ChatML with <think>)", "<think>", "</think>",
-                      ("</think>", "<|im_start|>")),
-        ReasoningSpec("deepseek_r1", "DeepSeek-R1 and its distills", "<think>", "</think>",
-                      ("</think>",)),
+        ReasoningSpec(
+            "qwen3",
+            "Qwen3, QwQ (ChatML with <think>)",
+            "<think>",
+            "</think>",
+            ("</think>", "<|im_start|>"),
+        ),
+        ReasoningSpec(
+            "deepseek_r1", "DeepSeek-R1 and its distills", "<think>", "</think>", ("</think>",)
+        ),
     )
-}  # fmt: skip
+}
 
 
 def detect_reasoning(template: str | None) -> str | None:
@@ -83,8 +89,9 @@ class ReasoningFormat:
         KeyError: vLLM has no reasoning parser of that name.
     """
 
-    def __init__(self, name: str, tokenizer: Any,
-                 template_kwargs: Mapping[str, Any] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, name: str, tokenizer: Any, template_kwargs: Mapping[str, Any] | None = None
+    ) -> None:
         from vllm.reasoning import ReasoningParserManager
 
         self.name = name

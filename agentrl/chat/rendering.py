@@ -51,8 +51,9 @@ class _Pieces:
     tokens, their ids, and the pieces tokenized so far (a plain dict: reads and writes are
     atomic, so render threads of several runners may share it)."""
 
-    def __init__(self, split: re.Pattern[str], token_ids: Mapping[str, int],
-                 vocab_size: int) -> None:  # fmt: skip
+    def __init__(
+        self, split: re.Pattern[str], token_ids: Mapping[str, int], vocab_size: int
+    ) -> None:
         self.split = split
         self.token_ids = token_ids
         self.added_ids = frozenset(token_ids.values())
@@ -78,8 +79,12 @@ differ for it)."""
 T = TypeVar("T")
 
 
-def per_tokenizer(cache: weakref.WeakKeyDictionary[Any, tuple[Any, T]], tokenizer: Any,
-                  setup: Any, compute: Callable[[], T]) -> T:  # fmt: skip
+def per_tokenizer(
+    cache: weakref.WeakKeyDictionary[Any, tuple[Any, T]],
+    tokenizer: Any,
+    setup: Any,
+    compute: Callable[[], T],
+) -> T:
     """``compute()``, remembered in ``cache`` for ``tokenizer`` while its ``setup`` (what the
     value depends on besides the model: vocabulary size, special tokens, ...) stays the
     same. The cache is weak: the value goes with the tokenizer. A tokenizer that cannot be
@@ -131,8 +136,9 @@ def _template_for(source: str) -> Any | None:
         template = environment.from_string(source)
         template.globals = dict(template.globals)  # our own copy: the cached one is shared
     except Exception as e:  # transformers moved it: render through apply_chat_template
-        logger.info("chat templates render through apply_chat_template (%s: %s)",
-                    type(e).__name__, e)  # fmt: skip
+        logger.info(
+            "chat templates render through apply_chat_template (%s: %s)", type(e).__name__, e
+        )
         template = None
     _TEMPLATES[source] = template
     return template
@@ -220,8 +226,9 @@ class RenderTokenizer:
         # What the remembered pieces depend on, besides the model itself
         setup = (vocab_size, repr(backend.normalizer), repr(backend.pre_tokenizer))
         # analysed once, and again when it changed since (tokens added, ...)
-        shared = per_tokenizer(_SHARED, tokenizer, setup,
-                               lambda: cls._analyse(tokenizer, vocab_size))  # fmt: skip
+        shared = per_tokenizer(
+            _SHARED, tokenizer, setup, lambda: cls._analyse(tokenizer, vocab_size)
+        )
         return None if shared is None else cls(tokenizer, shared)
 
     @staticmethod
@@ -256,17 +263,31 @@ class RenderTokenizer:
         alternation = "|".join(re.escape(t) for t in sorted(token_ids, key=len, reverse=True))
         return _Pieces(re.compile(f"({alternation})"), token_ids, vocab_size)
 
-    def render(self, messages: list[Message], *, add_generation_prompt: bool,
-               tools: list[dict[str, Any]] | None,
-               template_kwargs: Mapping[str, Any]) -> list[int]:  # fmt: skip
+    def render(
+        self,
+        messages: list[Message],
+        *,
+        add_generation_prompt: bool,
+        tools: list[dict[str, Any]] | None,
+        template_kwargs: Mapping[str, Any],
+    ) -> list[int]:
         """``apply_chat_template(messages, tokenize=True, ...)["input_ids"]``, the same ids."""
-        text = self.text(messages, add_generation_prompt=add_generation_prompt, tools=tools,
-                         template_kwargs=template_kwargs)  # fmt: skip
+        text = self.text(
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            tools=tools,
+            template_kwargs=template_kwargs,
+        )
         return self.encode(text)
 
-    def text(self, messages: list[Message], *, add_generation_prompt: bool,
-             tools: list[dict[str, Any]] | None,
-             template_kwargs: Mapping[str, Any]) -> str:  # fmt: skip
+    def text(
+        self,
+        messages: list[Message],
+        *,
+        add_generation_prompt: bool,
+        tools: list[dict[str, Any]] | None,
+        template_kwargs: Mapping[str, Any],
+    ) -> str:
         """The chat template's rendering of ``messages``, as text: what
         ``apply_chat_template(..., tokenize=False)`` returns (see :func:`_template_for`)."""
         tokenizer = self.tokenizer
@@ -280,9 +301,12 @@ class RenderTokenizer:
             if template is not None:
                 values = {**tokenizer.special_tokens_map, **template_kwargs}
                 text = template.render(
-                    messages=messages, tools=tools, documents=None,
-                    add_generation_prompt=add_generation_prompt, **values,
-                )  # fmt: skip
+                    messages=messages,
+                    tools=tools,
+                    documents=None,
+                    add_generation_prompt=add_generation_prompt,
+                    **values,
+                )
                 if source in _CHECKED:
                     return str(text)
                 expected = self._apply(messages, add_generation_prompt, tools, template_kwargs)
@@ -297,13 +321,20 @@ class RenderTokenizer:
                 return expected
         return self._apply(messages, add_generation_prompt, tools, template_kwargs)
 
-    def _apply(self, messages: list[Message], add_generation_prompt: bool,
-               tools: list[dict[str, Any]] | None,
-               template_kwargs: Mapping[str, Any]) -> str:  # fmt: skip
+    def _apply(
+        self,
+        messages: list[Message],
+        add_generation_prompt: bool,
+        tools: list[dict[str, Any]] | None,
+        template_kwargs: Mapping[str, Any],
+    ) -> str:
         text = self.tokenizer.apply_chat_template(
-            messages, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=False,
+            messages,
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            tokenize=False,
             **template_kwargs,
-        )  # fmt: skip
+        )
         return str(text)
 
     def encode(self, text: str) -> list[int]:

@@ -73,39 +73,86 @@ class ToolFormat:
 FORMATS: dict[str, ToolFormat] = {
     f.name: f
     for f in (
-        ToolFormat("hermes", "Qwen2.5, Qwen3, QwQ, Hermes 2/3 (and agentrl's tiny model)",
-                   "json", '{"name": string, "arguments": object}', markers=("<tool_call>",),
-                   closes="</tool_call>", per_call=True, signature=("<tool_call>",)),
-        ToolFormat("qwen3_coder", "Qwen3-Coder, Qwen3.5 (XML parameters)", "xml",
-                   "<function=NAME><parameter=KEY>VALUE</parameter></function>",
-                   markers=("<tool_call>", "<function="), closes="</tool_call>",
-                   per_call=True, signature=("<function=", "<parameter=")),
-        ToolFormat("llama3_json", "Llama 3.1, 3.2, 3.3 (JSON tool calls)", "json",
-                   '{"name": string, "parameters": object}', markers=("<|python_tag|>",),
-                   bare_start=("{",), signature=("<|start_header_id|>", '"parameters"')),
-        ToolFormat("mistral", "Mistral 7B v0.3, Nemo, Small (pre-v11 tokenizers)", "json",
-                   '[TOOL_CALLS] [{"name": string, "arguments": object}, ...]',
-                   markers=("[TOOL_CALLS]",), signature=("[TOOL_CALLS]",),
-                   history_tool_calls=True),
-        ToolFormat("olmo3", "OLMo 3 (pythonic calls in <function_calls>)", "python",
-                   "<function_calls>\nname(key=value, ...)\n</function_calls>",
-                   markers=("<function_calls>",), closes="</function_calls>",
-                   signature=("<function_calls>",)),
-        ToolFormat("llama4_pythonic", "Llama 4 (pythonic template)", "python",
-                   "[name(key=value, ...), ...]", markers=("<|python_start|>",),
-                   bare_start=("[",), signature=("<|python_start|>",)),
-        ToolFormat("pythonic", "Llama 3.2 pythonic template, ToolACE, other small models",
-                   "python", "[name(key=value, ...), ...]", bare_start=("[",),
-                   signature=("[func_name1(",)),
+        ToolFormat(
+            "hermes",
+            "Qwen2.5, Qwen3, QwQ, Hermes 2/3 (and agentrl's tiny model)",
+            "json",
+            '{"name": string, "arguments": object}',
+            markers=("<tool_call>",),
+            closes="</tool_call>",
+            per_call=True,
+            signature=("<tool_call>",),
+        ),
+        ToolFormat(
+            "qwen3_coder",
+            "Qwen3-Coder, Qwen3.5 (XML parameters)",
+            "xml",
+            "<function=NAME><parameter=KEY>VALUE</parameter></function>",
+            markers=("<tool_call>", "<function="),
+            closes="</tool_call>",
+            per_call=True,
+            signature=("<function=", "<parameter="),
+        ),
+        ToolFormat(
+            "llama3_json",
+            "Llama 3.1, 3.2, 3.3 (JSON tool calls)",
+            "json",
+            '{"name": string, "parameters": object}',
+            markers=("<|python_tag|>",),
+            bare_start=("{",),
+            signature=("<|start_header_id|>", '"parameters"'),
+        ),
+        ToolFormat(
+            "mistral",
+            "Mistral 7B v0.3, Nemo, Small (pre-v11 tokenizers)",
+            "json",
+            '[TOOL_CALLS] [{"name": string, "arguments": object}, ...]',
+            markers=("[TOOL_CALLS]",),
+            signature=("[TOOL_CALLS]",),
+            history_tool_calls=True,
+        ),
+        ToolFormat(
+            "olmo3",
+            "OLMo 3 (pythonic calls in <function_calls>)",
+            "python",
+            "<function_calls>\nname(key=value, ...)\n</function_calls>",
+            markers=("<function_calls>",),
+            closes="</function_calls>",
+            signature=("<function_calls>",),
+        ),
+        ToolFormat(
+            "llama4_pythonic",
+            "Llama 4 (pythonic template)",
+            "python",
+            "[name(key=value, ...), ...]",
+            markers=("<|python_start|>",),
+            bare_start=("[",),
+            signature=("<|python_start|>",),
+        ),
+        ToolFormat(
+            "pythonic",
+            "Llama 3.2 pythonic template, ToolACE, other small models",
+            "python",
+            "[name(key=value, ...), ...]",
+            bare_start=("[",),
+            signature=("[func_name1(",),
+        ),
     )
-}  # fmt: skip
+}
 """The formats agentrl knows how a call looks from outside; any other vLLM parser name
 works too, without the per-call reading and the cut-off check by closing tag."""
 
 # Most specific first: Qwen3-Coder templates also hold "<tool_call>", Llama 4 pythonic
 # templates "<|start_header_id|>"-like headers.
-_DETECTION_ORDER = ("mistral", "qwen3_coder", "llama4_pythonic", "olmo3", "pythonic",
-                    "hermes", "llama3_json")  # fmt: skip
+_DETECTION_ORDER = (
+    "mistral",
+    "qwen3_coder",
+    "llama4_pythonic",
+    "olmo3",
+    "pythonic",
+    "hermes",
+    "llama3_json",
+)
 
 
 def detect_tool_format(template: str | None) -> str | None:
@@ -148,8 +195,14 @@ class ToolCallFormat:
     def __repr__(self) -> str:
         return f"ToolCallFormat({self.name!r})"
 
-    def parse(self, text: str, tools: Sequence[Mapping[str, Any]], *,
-              finish_reason: str = "stop", turn: int = 0) -> ParsedTurn:  # fmt: skip
+    def parse(
+        self,
+        text: str,
+        tools: Sequence[Mapping[str, Any]],
+        *,
+        finish_reason: str = "stop",
+        turn: int = 0,
+    ) -> ParsedTurn:
         """The calls in one turn's text and what could not be read (see the module doc)."""
         if not self.attempted(text):
             return ParsedTurn((), ())
@@ -159,8 +212,9 @@ class ToolCallFormat:
             calls, errors = [], []
             pieces = text.split(self.spec.markers[0])[1:]
             for i, piece in enumerate(pieces):
-                got, bad = self._read(self.spec.markers[0] + piece, request, finish_reason,
-                                      last=i == len(pieces) - 1)  # fmt: skip
+                got, bad = self._read(
+                    self.spec.markers[0] + piece, request, finish_reason, last=i == len(pieces) - 1
+                )
                 calls += got
                 errors += bad
         ids = [f"t{turn:04d}c{i:03d}" for i in range(len(calls))]
@@ -178,8 +232,9 @@ class ToolCallFormat:
             return False
         return self.spec.syntax != "python" or "(" in head
 
-    def _read(self, text: str, request: Any, finish_reason: str,
-              last: bool) -> tuple[list[ToolCall], list[ToolResult]]:  # fmt: skip
+    def _read(
+        self, text: str, request: Any, finish_reason: str, last: bool
+    ) -> tuple[list[ToolCall], list[ToolResult]]:
         token = _PARSING.set(True)
         try:
             info = self._parser.extract_tool_calls(text, request)
@@ -194,9 +249,15 @@ class ToolCallFormat:
         for tc in info.tool_calls:
             name, arguments = tc.function.name, _arguments(tc.function.arguments)
             if not name or arguments is None:
-                errors.append(ToolResult(name or "", f"Error: a tool call must be "
-                              f"{self.spec.shape}, got {tc.function.arguments[:200]!r} as "
-                              f"the arguments of {name!r}", "malformed_json"))  # fmt: skip
+                errors.append(
+                    ToolResult(
+                        name or "",
+                        f"Error: a tool call must be "
+                        f"{self.spec.shape}, got {tc.function.arguments[:200]!r} as "
+                        f"the arguments of {name!r}",
+                        "malformed_json",
+                    )
+                )
             else:
                 calls.append(ToolCall(name, arguments))
         return calls, errors
@@ -233,8 +294,10 @@ class ToolCallFormat:
         calls = [(c.id, c.name, dict(c.arguments)) for c in parsed.calls]
         stand_ins = _stand_in_ids(turn, len(parsed.errors))
         calls += [(id_, e.name, {}) for id_, e in zip(stand_ins, parsed.errors, strict=True)]
-        return [{"id": id_, "type": "function", "function": {"name": name, "arguments": args}}
-                for id_, name, args in calls]  # fmt: skip
+        return [
+            {"id": id_, "type": "function", "function": {"name": name, "arguments": args}}
+            for id_, name, args in calls
+        ]
 
 
 def _stand_in_ids(turn: int, count: int) -> list[str]:
@@ -285,8 +348,9 @@ def _request(tools_json: str) -> Any:
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
     tools = json.loads(tools_json)
-    return ChatCompletionRequest(messages=[{"role": "user", "content": ""}], model="agentrl",
-                                 tools=tools or None)  # fmt: skip
+    return ChatCompletionRequest(
+        messages=[{"role": "user", "content": ""}], model="agentrl", tools=tools or None
+    )
 
 
 # vLLM's parsers log every call they cannot read with a traceback (right for a server,

@@ -137,9 +137,13 @@ atexit.register(_quiet_teardown)
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="agentrl", description=__doc__.splitlines()[0])
-    parser.add_argument("-v", "--verbose", action="store_true",
-                        help="show vLLM's logs and what its processes print as they start "
-                             "(otherwise in the run's logs/vllm-engine.log)")  # fmt: skip
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="show vLLM's logs and what its processes print as they start "
+        "(otherwise in the run's logs/vllm-engine.log)",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     for command in COMMANDS.values():
         command.add_parser(commands)

@@ -15,10 +15,18 @@ def _check_model(args: argparse.Namespace, extra: list[str]) -> int:
     from agentrl.models import resolve_model
 
     path = resolve_model(args.model)
-    settings = ModelConfig(path=args.model, tool_format=args.tool_format,
-                           reasoning=args.reasoning, keep_thinking=args.keep_thinking)  # fmt: skip
-    report = check_model(AutoTokenizer.from_pretrained(path), name=args.model,
-                         settings=settings, hf_config=load_hf_config(path))  # fmt: skip
+    settings = ModelConfig(
+        path=args.model,
+        tool_format=args.tool_format,
+        reasoning=args.reasoning,
+        keep_thinking=args.keep_thinking,
+    )
+    report = check_model(
+        AutoTokenizer.from_pretrained(path),
+        name=args.model,
+        settings=settings,
+        hf_config=load_hf_config(path),
+    )
     print(f"{args.model} ({path})")
     for f in report.findings:
         print(f"{_MARK[f.level]}  {f.topic:<16} {f.found}")

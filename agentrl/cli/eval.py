@@ -77,9 +77,14 @@ def _new_job(args: argparse.Namespace, extra: list[str]) -> RolloutJob:
     out = Path(args.out or f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}")
     model = _kept(policy, out) if policy else args.model
     config = eval_config(config, model)
-    return RolloutJob(config=config, episodes=config.eval.episodes * config.eval.k, out_dir=out,
-                      kind=EVAL_KIND, adapter=policy.adapter if policy else None,
-                      source=policy.label if policy else args.model)  # fmt: skip
+    return RolloutJob(
+        config=config,
+        episodes=config.eval.episodes * config.eval.k,
+        out_dir=out,
+        kind=EVAL_KIND,
+        adapter=policy.adapter if policy else None,
+        source=policy.label if policy else args.model,
+    )
 
 
 def _policy(run_dir: Path, config: RunConfig, step: int | None) -> Policy:
@@ -94,8 +99,9 @@ def _policy(run_dir: Path, config: RunConfig, step: int | None) -> Policy:
             raise ConfigError(f"{run_dir} has no final model yet ({final}); give --step S")
         policy = recorded_policy(run_dir, config, "train", version=2**62)  # model/
         version = _final_version(run_dir)
-        return dataclasses.replace(policy, version=version,
-                                   label=f"{run_dir}: final model (version {version})")  # fmt: skip
+        return dataclasses.replace(
+            policy, version=version, label=f"{run_dir}: final model (version {version})"
+        )
     meta = run_dir / "checkpoints" / f"step-{step:06d}" / "trainer.json"
     if not meta.is_file():
         kept = sorted(p.name for p in (run_dir / "checkpoints").glob("step-*"))
@@ -128,8 +134,10 @@ def _kept(policy: Policy, out: Path) -> str:
         return policy.model
     if (out / STORE_FILE).exists() or (out / "policy").exists():
         shutil.rmtree(policy.cleanup, ignore_errors=True)
-        raise ConfigError(f"{str(out)!r} already holds an eval; continue it with --resume, "
-                          f"or choose another --out")  # fmt: skip
+        raise ConfigError(
+            f"{str(out)!r} already holds an eval; continue it with --resume, "
+            f"or choose another --out"
+        )
     out.mkdir(parents=True, exist_ok=True)
     return str(shutil.move(policy.cleanup, out / "policy"))
 
@@ -140,8 +148,11 @@ def _stoppable(job: RolloutJob, *, resume: bool) -> int:
 
     hint = f"continue with: agentrl eval --resume --out {job.out_dir}"
     try:
-        report = run_stoppable(run_eval(job, resume=resume), grace_s=job.config.run.stop_grace_s,
-                               on_hard_stop=lambda why: print(hint, file=sys.stderr))  # fmt: skip
+        report = run_stoppable(
+            run_eval(job, resume=resume),
+            grace_s=job.config.run.stop_grace_s,
+            on_hard_stop=lambda why: print(hint, file=sys.stderr),
+        )
     except KeyboardInterrupt as e:
         print(f"{e if isinstance(e, Stopped) else 'interrupted'}; {hint}", file=sys.stderr)
         return e.exit_code if isinstance(e, Stopped) else 130
@@ -158,24 +169,30 @@ def _print_report(report: EvalReport, out: Path, *, tools: bool = True) -> None:
 
     ks = [k for k in report.summary() if k.startswith("pass@")]
     table = Table(title=f"{report.env_id}: {len(report.tasks)} tasks × {report.k} samples")
-    for column in ("seed", "ok/n", *ks, "reward", *(["tools"] if tools else []), "turns",
-                   "tokens"):  # fmt: skip
+    for column in ("seed", "ok/n", *ks, "reward", *(["tools"] if tools else []), "turns", "tokens"):
         table.add_column(column, justify="right", no_wrap=True)
     for t in report.tasks:
         seed = str(t.seed if t.seed is not None else t.task_id)
-        table.add_row(seed, f"{t.successes}/{t.samples}",
-                      *[_fmt(t.pass_at.get(int(k[5:]), math.nan)) for k in ks],
-                      f"{t.reward_mean:.3f}", *([f"{t.tool_use_rate:.0%}"] if tools else []),
-                      f"{t.turns_mean:.1f}", f"{t.tokens_mean:.0f}")  # fmt: skip
+        table.add_row(
+            seed,
+            f"{t.successes}/{t.samples}",
+            *[_fmt(t.pass_at.get(int(k[5:]), math.nan)) for k in ks],
+            f"{t.reward_mean:.3f}",
+            *([f"{t.tool_use_rate:.0%}"] if tools else []),
+            f"{t.turns_mean:.1f}",
+            f"{t.tokens_mean:.0f}",
+        )
     Console().print(table)
     s = report.summary()
     head = ", ".join(f"{k} {s[k]:.3f}" for k in (*ks, f"avg@{report.k}"))
     print(f"{report.model} on {report.env_id} ({report.episodes} episodes): {head}")
     tool_use = f"tool use {s['tool_use_rate']:.1%}, " if tools else ""
-    print(f"mean reward {s['reward_mean']:.3f}, {tool_use}"
-          f"{s['turns_per_episode']:.2f} turns and {s['tokens_per_episode']:.1f} sampled "
-          f"tokens per episode, {s['failed']:.0f} failed; "
-          f"written to {out / 'results.json'}")  # fmt: skip
+    print(
+        f"mean reward {s['reward_mean']:.3f}, {tool_use}"
+        f"{s['turns_per_episode']:.2f} turns and {s['tokens_per_episode']:.1f} sampled "
+        f"tokens per episode, {s['failed']:.0f} failed; "
+        f"written to {out / 'results.json'}"
+    )
 
 
 def _fmt(value: Any) -> str:

@@ -32,8 +32,9 @@ def _check_env(args: argparse.Namespace, extra: list[str]) -> int:
     env_id = args.env_id
     load_env_plugins()
     import_env_modules(args.imports, key="--import")
-    results = check_env(env_id, raise_on_failure=False, example_actions=args.example_actions,
-                        kwargs=args.kwargs)  # fmt: skip
+    results = check_env(
+        env_id, raise_on_failure=False, example_actions=args.example_actions, kwargs=args.kwargs
+    )
     for r in results:
         print(f"{'PASS' if r.passed else 'FAIL'}  {r.rule:<20} {'' if r.passed else r.detail}")
     built = (lambda: make_env(env_id, **args.kwargs)) if args.kwargs else env_id
@@ -69,14 +70,19 @@ async def _demo(model: str, via_server: bool, max_tokens: int) -> None:
     config = InferenceConfig()
     prompts = [
         tokenizer.apply_chat_template(
-            [{"role": "user", "content": q}], tools=[CALCULATOR_SCHEMA], add_generation_prompt=True,
-            tokenize=True, return_dict=True,
+            [{"role": "user", "content": q}],
+            tools=[CALCULATOR_SCHEMA],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=True,
         )["input_ids"]
         for q in DEMO_QUESTIONS
-    ]  # fmt: skip
+    ]
     sampling = SamplingConfig(max_tokens=max_tokens, temperature=1.0, seed=0)
-    print(f"starting vLLM ({'vllm serve over HTTP' if via_server else 'in-process AsyncLLM'})...",
-          flush=True)  # fmt: skip
+    print(
+        f"starting vLLM ({'vllm serve over HTTP' if via_server else 'in-process AsyncLLM'})...",
+        flush=True,
+    )
 
     async def run(client: InferenceClient) -> None:
         t = time.perf_counter()
@@ -87,14 +93,18 @@ async def _demo(model: str, via_server: bool, max_tokens: int) -> None:
         for question, result in zip(DEMO_QUESTIONS, results, strict=True):
             text = tokenizer.decode(result.token_ids)
             print(f"\nuser: {question}")
-            print(f"assistant ({len(result.token_ids)} tokens, {result.finish_reason}, "
-                  f"policy v{result.version}): {text!r}")  # fmt: skip
+            print(
+                f"assistant ({len(result.token_ids)} tokens, {result.finish_reason}, "
+                f"policy v{result.version}): {text!r}"
+            )
             print(f"token ids: {list(result.token_ids)}")
             mean = sum(result.logprobs) / max(len(result.logprobs), 1)
             print(f"mean behaviour logprob: {mean:.3f}")
         tokens = sum(len(r.token_ids) for r in results)
-        print(f"\n{tokens} tokens in {elapsed:.2f} s through vLLM; the tiny model is untrained, "
-              f"so its text is noise.")  # fmt: skip
+        print(
+            f"\n{tokens} tokens in {elapsed:.2f} s through vLLM; the tiny model is untrained, "
+            f"so its text is noise."
+        )
 
     if via_server:
         async with await VLLMServer.start(path, config, log_dir=LOG_DIR) as server:

@@ -35,12 +35,23 @@ def _check_env_parser(commands: Subparsers) -> None:
     check = commands.add_parser("check-env", help="run Gymnasium's and agentrl's env checks")
     check.add_argument("env_id", help="a registered id, e.g. agentrl/Calculator-v0")
     _import_flag(check, "import this module or .py file first (where your env registers itself)")
-    check.add_argument("--example-action", dest="example_actions", action="append", default=[],
-                       metavar="TEXT", help="a move the env accepts, e.g. 'reveal 3 4' "
-                       "(repeatable): explored from, with its numbers varied; an env may list "
-                       "its own in an example_actions attribute")  # fmt: skip
-    check.add_argument("--kwargs", type=json.loads, default={}, metavar="JSON",
-                       help="keyword arguments for the env, e.g. '{\"high\": 30}'")  # fmt: skip
+    check.add_argument(
+        "--example-action",
+        dest="example_actions",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="a move the env accepts, e.g. 'reveal 3 4' "
+        "(repeatable): explored from, with its numbers varied; an env may list "
+        "its own in an example_actions attribute",
+    )
+    check.add_argument(
+        "--kwargs",
+        type=json.loads,
+        default={},
+        metavar="JSON",
+        help="keyword arguments for the env, e.g. '{\"high\": 30}'",
+    )
 
 
 def _check_model_parser(commands: Subparsers) -> None:
@@ -65,26 +76,47 @@ def _rollout_parser(commands: Subparsers) -> None:
         "Defaults: `agentrl config --defaults`.",
     )
     roll.add_argument("env_id", nargs="?", help="a registered id, e.g. agentrl/GuessNumber-v0")
-    roll.add_argument("--config", default=None, metavar="TOML",
-                      help="a config file; its [model], [env], [inference] and [rollout] "
-                      "apply")  # fmt: skip
-    roll.add_argument("--episodes", type=int, default=64, metavar="N",
-                      help="episodes to run (default 64), a multiple of --group-size")  # fmt: skip
+    roll.add_argument(
+        "--config",
+        default=None,
+        metavar="TOML",
+        help="a config file; its [model], [env], [inference] and [rollout] apply",
+    )
+    roll.add_argument(
+        "--episodes",
+        type=int,
+        default=64,
+        metavar="N",
+        help="episodes to run (default 64), a multiple of --group-size",
+    )
     _shortcut(roll, "--model", "model.path", str, "'tiny', a model folder, or a hub name")
-    roll.add_argument("--group-size", type=int, default=None, dest="key:rollout.group_size",
-                      metavar="N", help="episodes per task, sharing its seed (sets "
-                      "rollout.group_size; default 1 here, unless --config sets it)")  # fmt: skip
+    roll.add_argument(
+        "--group-size",
+        type=int,
+        default=None,
+        dest="key:rollout.group_size",
+        metavar="N",
+        help="episodes per task, sharing its seed (sets "
+        "rollout.group_size; default 1 here, unless --config sets it)",
+    )
     _shortcut(roll, "--concurrency", "rollout.concurrency", int, "episodes running at once")
     _shortcut(roll, "--max-turns", "rollout.max_turns", int, "assistant turns per episode")
     _shortcut(roll, "--max-tokens", "rollout.max_tokens_per_turn", int, "per assistant turn")
     _shortcut(roll, "--temperature", "rollout.temperature", float, "sampling temperature")
-    _shortcut(roll, "--workers", "rollout.workers", int,
-              "processes that run the episodes (default 1: this one)")  # fmt: skip
+    _shortcut(
+        roll,
+        "--workers",
+        "rollout.workers",
+        int,
+        "processes that run the episodes (default 1: this one)",
+    )
     _shortcut(roll, "--max-model-len", "inference.max_model_len", int, "context window")
     _shortcut(roll, "--seed", "env.first_seed", int, "seed of the first task")
-    roll.add_argument("--server", action="store_true",
-                      help="go through `vllm serve` over HTTP "
-                      '(inference.mode = "server")')  # fmt: skip
+    roll.add_argument(
+        "--server",
+        action="store_true",
+        help='go through `vllm serve` over HTTP (inference.mode = "server")',
+    )
     roll.add_argument("--out", default=None, help="run directory (default runs/rollout-TIME)")
     roll.add_argument(
         "--resume",
@@ -104,9 +136,12 @@ def _eval_parser(commands: Subparsers) -> None:
         "run directory of `agentrl train`: its final model (or --step S) and its config are "
         "used. Settings: --config TOML, then --section.key=value overrides, then the flags.",
     )
-    ev.add_argument("model", nargs="?", metavar="MODEL_OR_RUN_DIR",
-                    help="'tiny', a model folder, a hub name, or a train run "
-                    "directory")  # fmt: skip
+    ev.add_argument(
+        "model",
+        nargs="?",
+        metavar="MODEL_OR_RUN_DIR",
+        help="'tiny', a model folder, a hub name, or a train run directory",
+    )
     ev.add_argument("--env", default=None, metavar="ID", help="the env id (default: the run's)")
     ev.add_argument("--config", default=None, metavar="TOML", help="a config file")
     _shortcut(ev, "--episodes", "eval.episodes", int, "held-out tasks (N)")
@@ -116,12 +151,16 @@ def _eval_parser(commands: Subparsers) -> None:
     _shortcut(ev, "--concurrency", "rollout.concurrency", int, "episodes running at once")
     _shortcut(ev, "--max-turns", "rollout.max_turns", int, "assistant turns per episode")
     _shortcut(ev, "--max-tokens", "rollout.max_tokens_per_turn", int, "per assistant turn")
-    ev.add_argument("--step", type=int, default=None,
-                    help="a run directory's checkpoint of this step instead of its final "
-                    "model")  # fmt: skip
+    ev.add_argument(
+        "--step",
+        type=int,
+        default=None,
+        help="a run directory's checkpoint of this step instead of its final model",
+    )
     ev.add_argument("--out", default=None, help="eval directory (default runs/eval-TIME)")
-    ev.add_argument("--resume", action="store_true",
-                    help="continue the killed or interrupted eval in --out")  # fmt: skip
+    ev.add_argument(
+        "--resume", action="store_true", help="continue the killed or interrupted eval in --out"
+    )
     _import_flag(ev, "import this first (registers your env; recorded as env.imports)")
 
 
@@ -129,9 +168,11 @@ def _config_parser(commands: Subparsers) -> None:
     cfg_cmd = commands.add_parser(
         "config", help="print the config reference: every key, its default and what it does"
     )
-    cfg_cmd.add_argument("--defaults", action="store_true",
-                         help="print every key with its default, as TOML with "
-                         "comments")  # fmt: skip
+    cfg_cmd.add_argument(
+        "--defaults",
+        action="store_true",
+        help="print every key with its default, as TOML with comments",
+    )
 
 
 def _train_parser(commands: Subparsers) -> None:
@@ -143,8 +184,12 @@ def _train_parser(commands: Subparsers) -> None:
         'Overrides: --section.key=value, the value read as TOML (3e-4, true, "text").',
     )
     train.add_argument("config", nargs="?", help="the run's TOML config")
-    train.add_argument("--resume", metavar="RUN_DIR", default=None,
-                       help="continue the run in RUN_DIR with its recorded config")  # fmt: skip
+    train.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        default=None,
+        help="continue the run in RUN_DIR with its recorded config",
+    )
 
 
 def _serve_parser(commands: Subparsers) -> None:
@@ -157,9 +202,12 @@ def _serve_parser(commands: Subparsers) -> None:
     )
     serve.add_argument("config", nargs="?", help="the run's TOML config (default: defaults)")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--host", default="127.0.0.1",
-                       help="address to bind (default 127.0.0.1; the weight-update routes "
-                       "are unauthenticated: expose them only on a private network)")  # fmt: skip
+    serve.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to bind (default 127.0.0.1; the weight-update routes "
+        "are unauthenticated: expose them only on a private network)",
+    )
 
 
 def _serve_env_parser(commands: Subparsers) -> None:
@@ -174,10 +222,13 @@ def _serve_env_parser(commands: Subparsers) -> None:
     serve.add_argument("env_id", help="a registered id, e.g. agentrl/GuessNumber-v0")
     _import_flag(serve, "import this module or .py file first (where your env registers itself)")
     serve.add_argument("--port", type=int, default=8100)
-    serve.add_argument("--host", default="127.0.0.1",
-                       help="address to bind (default 127.0.0.1; 0.0.0.0 for trainers on other "
-                       "machines: the protocol is unauthenticated, keep it on a private "
-                       "network)")  # fmt: skip
+    serve.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to bind (default 127.0.0.1; 0.0.0.0 for trainers on other "
+        "machines: the protocol is unauthenticated, keep it on a private "
+        "network)",
+    )
     serve.add_argument(
         "--kwargs",
         type=json.loads,
@@ -203,9 +254,13 @@ def _serve_env_parser(commands: Subparsers) -> None:
         default=300.0,
         help="deadline for one make, reset, step or set_state (default 300)",
     )
-    serve.add_argument("--tool-timeout-s", type=float, default=300.0,
-                       help="deadline for one tool call on the server (default 300; the "
-                       "trainer's rollout.tool_timeout_s applies too)")  # fmt: skip
+    serve.add_argument(
+        "--tool-timeout-s",
+        type=float,
+        default=300.0,
+        help="deadline for one tool call on the server (default 300; the "
+        "trainer's rollout.tool_timeout_s applies too)",
+    )
 
 
 def _audit_parser(commands: Subparsers) -> None:
@@ -239,28 +294,53 @@ def _replay_parser(commands: Subparsers) -> None:
     replay.add_argument("run_dir", help="a run directory (holds episodes.db)")
     replay.add_argument("episode", nargs="?", help="an episode id from the list")
     replay.add_argument("--attempt", type=int, default=None, help="default: the latest")
-    replay.add_argument("--state", action="append", default=None,
-                        help="filter: finished, truncated, failed, running, paused, retried, "
-                        "dropped (repeatable)")  # fmt: skip
+    replay.add_argument(
+        "--state",
+        action="append",
+        default=None,
+        help="filter: finished, truncated, failed, running, paused, retried, dropped (repeatable)",
+    )
     replay.add_argument("--env", default=None, help="filter: env id")
     replay.add_argument("--min-reward", type=float, default=None)
     replay.add_argument("--max-reward", type=float, default=None)
-    replay.add_argument("--min-version-span", type=int, default=None,
-                        help="filter: sampled tokens span at least this many versions")  # fmt: skip
+    replay.add_argument(
+        "--min-version-span",
+        type=int,
+        default=None,
+        help="filter: sampled tokens span at least this many versions",
+    )
     replay.add_argument("--limit", type=int, default=None)
     action = replay.add_mutually_exclusive_group()
-    action.add_argument("--verify", action="store_true",
-                        help="replay the env from the seed with the recorded actions")  # fmt: skip
-    action.add_argument("--resume", action="store_true",
-                        help="continue an unfinished episode; stored as a new episode")  # fmt: skip
-    action.add_argument("--fork-at", type=int, default=None, metavar="TURN",
-                        help="branch at assistant turn TURN; show both endings")  # fmt: skip
-    action.add_argument("--export", default=None, metavar="FILE.jsonl",
-                        help="write the episode (or the filtered list) as JSONL")  # fmt: skip
-    replay.add_argument("--model", default=None,
-                        help="for --resume/--fork-at: 'tiny', a model folder or a hub name "
-                        "(default: the policy that sampled the episode: its checkpoint, else "
-                        "the run's final model)")  # fmt: skip
+    action.add_argument(
+        "--verify",
+        action="store_true",
+        help="replay the env from the seed with the recorded actions",
+    )
+    action.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue an unfinished episode; stored as a new episode",
+    )
+    action.add_argument(
+        "--fork-at",
+        type=int,
+        default=None,
+        metavar="TURN",
+        help="branch at assistant turn TURN; show both endings",
+    )
+    action.add_argument(
+        "--export",
+        default=None,
+        metavar="FILE.jsonl",
+        help="write the episode (or the filtered list) as JSONL",
+    )
+    replay.add_argument(
+        "--model",
+        default=None,
+        help="for --resume/--fork-at: 'tiny', a model folder or a hub name "
+        "(default: the policy that sampled the episode: its checkpoint, else "
+        "the run's final model)",
+    )
     _import_flag(
         replay,
         "import this first (registers your env); the run's recorded env.imports are imported too",
@@ -279,13 +359,28 @@ def _scan_parser(commands: Subparsers) -> None:
         "See docs/guides/health.md.",
     )
     scan.add_argument("run_dir", help="a run directory (holds episodes.db)")
-    scan.add_argument("--detector", action="append", default=None, metavar="MODULE:FUNCTION",
-                      help="also run this function (episode, context) -> reason or None; "
-                      "MODULE may be a .py file (repeatable)")  # fmt: skip
-    scan.add_argument("--only", action="append", default=None, metavar="NAME",
-                      help="run only these built-in detectors (repeatable)")  # fmt: skip
-    scan.add_argument("--skip", action="append", default=None, metavar="NAME",
-                      help="leave out this built-in detector (repeatable)")  # fmt: skip
+    scan.add_argument(
+        "--detector",
+        action="append",
+        default=None,
+        metavar="MODULE:FUNCTION",
+        help="also run this function (episode, context) -> reason or None; "
+        "MODULE may be a .py file (repeatable)",
+    )
+    scan.add_argument(
+        "--only",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="run only these built-in detectors (repeatable)",
+    )
+    scan.add_argument(
+        "--skip",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="leave out this built-in detector (repeatable)",
+    )
     scan.add_argument("--limit", type=int, default=50, help="flagged episodes printed")
     scan.add_argument("--json", action="store_true", help="print the report as JSON")
 
@@ -302,35 +397,56 @@ def _export_parser(commands: Subparsers) -> None:
     )
     export.add_argument("run_dir", help="a run directory (holds episodes.db)")
     export.add_argument("--format", required=True, choices=("inspect", "atif", "jsonl"))
-    export.add_argument("--out", required=True, metavar="PATH",
-                        help="the file to write (inspect: a folder that gets RUN_NAME-0001.eval, "
-                        "... a log per 1000 episodes); missing folders are created")  # fmt: skip
-    export.add_argument("--state", action="append", default=None,
-                        help="filter: finished, truncated, failed, running, paused, retried, "
-                        "dropped (repeatable)")  # fmt: skip
+    export.add_argument(
+        "--out",
+        required=True,
+        metavar="PATH",
+        help="the file to write (inspect: a folder that gets RUN_NAME-0001.eval, "
+        "... a log per 1000 episodes); missing folders are created",
+    )
+    export.add_argument(
+        "--state",
+        action="append",
+        default=None,
+        help="filter: finished, truncated, failed, running, paused, retried, dropped (repeatable)",
+    )
     export.add_argument("--env", default=None, help="filter: env id")
     export.add_argument("--min-reward", type=float, default=None)
     export.add_argument("--max-reward", type=float, default=None)
-    export.add_argument("--min-version-span", type=int, default=None,
-                        help="filter: sampled tokens span at least this many versions")  # fmt: skip
-    export.add_argument("--limit", type=int, default=None,
-                        help="at most this many episodes (in the order they started)")  # fmt: skip
+    export.add_argument(
+        "--min-version-span",
+        type=int,
+        default=None,
+        help="filter: sampled tokens span at least this many versions",
+    )
+    export.add_argument(
+        "--limit",
+        type=int,
+        default=None,
+        help="at most this many episodes (in the order they started)",
+    )
 
 
 def _import_flag(parser: argparse.ArgumentParser, text: str) -> None:
     """``--import MODULE_OR_FILE`` (repeatable): modules that register the user's envs."""
-    parser.add_argument("--import", dest="imports", action="append", default=[],
-                        metavar="MODULE_OR_FILE", help=text)  # fmt: skip
+    parser.add_argument(
+        "--import", dest="imports", action="append", default=[], metavar="MODULE_OR_FILE", help=text
+    )
 
 
-def _shortcut(parser: argparse.ArgumentParser, flag: str, key: str, kind: type,
-              text: str) -> None:  # fmt: skip
+def _shortcut(parser: argparse.ArgumentParser, flag: str, key: str, kind: type, text: str) -> None:
     """A flag that sets one config key; its default is the config tree's."""
     from agentrl.config.reference import default_of
 
     metavar = {int: "N", float: "X"}.get(kind, flag.lstrip("-").upper())  # not dest's KEY:...
-    parser.add_argument(flag, type=kind, default=None, dest=f"key:{key}", metavar=metavar,
-                        help=f"{text} (sets {key}; default {default_of(key)!r})")  # fmt: skip
+    parser.add_argument(
+        flag,
+        type=kind,
+        default=None,
+        dest=f"key:{key}",
+        metavar=metavar,
+        help=f"{text} (sets {key}; default {default_of(key)!r})",
+    )
 
 
 def _checked_overrides(extra: Sequence[str]) -> list[str]:
@@ -347,24 +463,33 @@ def _checked_overrides(extra: Sequence[str]) -> list[str]:
 
 def _overrides(args: argparse.Namespace, extra: Sequence[str]) -> list[str]:
     """``--section.key=value`` overrides, then the shortcut flags given."""
-    flags = [f"--{k[4:]}={json.dumps(v)}" for k, v in vars(args).items()
-             if k.startswith("key:") and v is not None]  # fmt: skip
+    flags = [
+        f"--{k[4:]}={json.dumps(v)}"
+        for k, v in vars(args).items()
+        if k.startswith("key:") and v is not None
+    ]
     return [*_checked_overrides(extra), *flags]
 
 
 def _view_parser(commands: Subparsers) -> None:
     view = commands.add_parser(
-        "view", help="a web page of runs and episodes (local; read-only)",
+        "view",
+        help="a web page of runs and episodes (local; read-only)",
         description="Serve a web page of the runs under a folder (or one run directory): "
         "metrics, episodes with filters, each episode's transcript and tokens coloured by "
         "policy version, and in-flight episodes of a running train. Binds 127.0.0.1; "
         "another --host needs the token printed in the URL. Never writes to the runs.",
-    )  # fmt: skip
-    view.add_argument("root", nargs="?", default="runs",
-                      help="a run directory, or a folder of them (default: runs)")  # fmt: skip
+    )
+    view.add_argument(
+        "root",
+        nargs="?",
+        default="runs",
+        help="a run directory, or a folder of them (default: runs)",
+    )
     view.add_argument("--port", type=int, default=0, help="port (default: a free one)")
-    view.add_argument("--host", default="127.0.0.1",
-                      help="address to bind; not loopback: a token is required")  # fmt: skip
+    view.add_argument(
+        "--host", default="127.0.0.1", help="address to bind; not loopback: a token is required"
+    )
     view.add_argument("--no-browser", action="store_true", help="do not open a browser")
     view.add_argument(
         "--allow-fork",
@@ -372,11 +497,24 @@ def _view_parser(commands: Subparsers) -> None:
         help="the page may start forks (`agentrl replay --fork-at`, an inference "
         "engine each); a fork is stored in its run's episodes.db",
     )
-    view.add_argument("--bundle", default=None, metavar="OUT",
-                      help="write a static site to OUT/ (opens from disk)")  # fmt: skip
-    view.add_argument("--max-episodes", type=int, default=None,
-                      help="with --bundle: at most this many per run (newest)")  # fmt: skip
-    view.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
-                      help="with --bundle: only matching episodes (state, env, "
-                      "min_reward, max_reward, min_version_span, failure, attempt, "
-                      "origin); repeatable")  # fmt: skip
+    view.add_argument(
+        "--bundle",
+        default=None,
+        metavar="OUT",
+        help="write a static site to OUT/ (opens from disk)",
+    )
+    view.add_argument(
+        "--max-episodes",
+        type=int,
+        default=None,
+        help="with --bundle: at most this many per run (newest)",
+    )
+    view.add_argument(
+        "--where",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="with --bundle: only matching episodes (state, env, "
+        "min_reward, max_reward, min_version_span, failure, attempt, "
+        "origin); repeatable",
+    )

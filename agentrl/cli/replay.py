@@ -25,9 +25,14 @@ def _replay(args: argparse.Namespace, extra: list[str]) -> int:
     with EpisodeStore.open(Path(args.run_dir), create=False) as store:
         if args.episode is not None:
             return _replay_episode(args, store, console)
-        filters = dict(state=args.state, env_id=args.env, min_reward=args.min_reward,
-                       max_reward=args.max_reward, min_version_span=args.min_version_span,
-                       limit=args.limit)  # fmt: skip
+        filters = dict(
+            state=args.state,
+            env_id=args.env,
+            min_reward=args.min_reward,
+            max_reward=args.max_reward,
+            min_version_span=args.min_version_span,
+            limit=args.limit,
+        )
         if args.export:
             n = replay.export(store, Path(args.export), flag="--export", **filters)
             print(f"wrote {n} episodes to {args.export}")
@@ -64,16 +69,19 @@ def _replay_verify(episode: str, recorded: Any) -> int:
     result = replay.verify(recorded)
     calls = sum("tool" in e for e in recorded.env_log[1:])
     if result.difference is None:
-        print(f"{episode}: reset, {result.steps - calls} steps and {calls} tool calls replayed "
-              f"from seed {recorded.task.seed}; every observation, reward, end flag, tool "
-              "result and state snapshot matches")  # fmt: skip
+        print(
+            f"{episode}: reset, {result.steps - calls} steps and {calls} tool calls replayed "
+            f"from seed {recorded.task.seed}; every observation, reward, end flag, tool "
+            "result and state snapshot matches"
+        )
         return 0
     print(f"{episode}: differs at {result.difference}")
     return 1
 
 
-def _replay_continue(args: argparse.Namespace, store: Any, console: Any, run: Any,
-                     recorded: Any) -> int:  # fmt: skip
+def _replay_continue(
+    args: argparse.Namespace, store: Any, console: Any, run: Any, recorded: Any
+) -> int:
     """``--resume`` or ``--fork-at``: run the episode on under the policy that sampled it."""
     from agentrl import replay
     from agentrl.errors import ConfigError
@@ -94,16 +102,17 @@ def _replay_continue(args: argparse.Namespace, store: Any, console: Any, run: An
         print(replay.restore_note(point), flush=True)
     label = replay.label_version(point, policy)
     if label != policy.version:
-        print(f"its tokens are labelled version {label}, the newest in the episode so far "
-              f"(versions never decrease along an episode)", flush=True)  # fmt: skip
-    done = asyncio.run(replay.continue_episode(store, point, new_id, policy=policy,
-                                               config=config))  # fmt: skip
+        print(
+            f"its tokens are labelled version {label}, the newest in the episode so far "
+            f"(versions never decrease along an episode)",
+            flush=True,
+        )
+    done = asyncio.run(replay.continue_episode(store, point, new_id, policy=policy, config=config))
     tokenizer = run.tokenizer(policy.model if policy.cleanup is None else None)
     if args.resume:
         console.print(replay.transcript(done, tokenizer))
     else:
-        title = (f"fork at turn {args.fork_at}: temperature "
-                 f"{config.rollout.temperature}")  # fmt: skip
+        title = f"fork at turn {args.fork_at}: temperature {config.rollout.temperature}"
         console.print(replay.side_by_side(recorded, done, args.fork_at, tokenizer, title))
     print(f"stored as {new_id}")
     return 0

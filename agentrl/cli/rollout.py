@@ -90,8 +90,11 @@ def _stoppable(coro: Coroutine[Any, Any, dict[str, Any]], job: RolloutJob, out: 
     """Run the rollout; SIGTERM/SIGHUP stop it like Ctrl-C, with the resume command."""
     hint = f"continue with: agentrl rollout --resume --out {out}"
     try:
-        summary = run_stoppable(coro, grace_s=job.config.run.stop_grace_s,
-                                on_hard_stop=lambda why: print(hint, file=sys.stderr))  # fmt: skip
+        summary = run_stoppable(
+            coro,
+            grace_s=job.config.run.stop_grace_s,
+            on_hard_stop=lambda why: print(hint, file=sys.stderr),
+        )
     except KeyboardInterrupt as e:
         print(f"{e if isinstance(e, Stopped) else 'interrupted'}; {hint}", file=sys.stderr)
         return e.exit_code if isinstance(e, Stopped) else 130
@@ -102,10 +105,12 @@ def _print_rollout(summary: dict[str, object], env_id: str, out: object) -> int:
     metrics: dict[str, float] = summary["metrics"]  # type: ignore[assignment]
     lag = metrics.get("loop_lag_s/p99", float("nan"))
     resumed = metrics.get("episodes_resumed", 0)
-    print(f"{summary['episodes']} episodes of {env_id}: success {summary['success_rate']:.1%}, "
-          f"{summary['tokens_per_s']:,.0f} tokens/s, loop lag p99 {lag * 1000:.0f} ms"
-          + (f", {resumed:.0f} episodes continued from checkpoints" if summary["resumed"] else "")
-          + f"; written to {out}")  # fmt: skip
+    print(
+        f"{summary['episodes']} episodes of {env_id}: success {summary['success_rate']:.1%}, "
+        f"{summary['tokens_per_s']:,.0f} tokens/s, loop lag p99 {lag * 1000:.0f} ms"
+        + (f", {resumed:.0f} episodes continued from checkpoints" if summary["resumed"] else "")
+        + f"; written to {out}"
+    )
     return 0
 
 

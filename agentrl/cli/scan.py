@@ -24,14 +24,22 @@ def _scan(args: argparse.Namespace, extra: list[str]) -> int:
     extra_detectors = [load_detector(spec) for spec in args.detector or []]
     report = scan_run(args.run_dir, detectors=chosen, extra=extra_detectors)
     if args.json:
-        print(json.dumps({
-            "run_dir": str(report.run_dir), "steps": report.steps, "episodes": report.episodes,
-            "warnings": [w.as_dict() for w in report.warnings],
-            "flagged": [f.as_dict(report.run_dir) for f in report.flagged],
-        }, indent=1))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "run_dir": str(report.run_dir),
+                    "steps": report.steps,
+                    "episodes": report.episodes,
+                    "warnings": [w.as_dict() for w in report.warnings],
+                    "flagged": [f.as_dict(report.run_dir) for f in report.flagged],
+                },
+                indent=1,
+            )
+        )
         return 0
-    print(f"health rules over {report.steps} steps of metrics.jsonl: "
-          f"{len(report.warnings)} warnings")  # fmt: skip
+    print(
+        f"health rules over {report.steps} steps of metrics.jsonl: {len(report.warnings)} warnings"
+    )
     for w in report.warnings:
         print(f"  step {w.step}  {w.rule}: {w.message}")
     print(f"detectors over {report.episodes} episode attempts: {len(report.flagged)} flagged")

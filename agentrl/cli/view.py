@@ -20,8 +20,13 @@ def _view(args: argparse.Namespace, extra: list[str]) -> int:
     data = ViewData(Path(args.root))
     if args.bundle:
         where = dict(_key_value(w) for w in args.where)
-        n = write_bundle(data, Path(args.bundle), max_episodes=args.max_episodes, where=where,
-                         say=lambda line: print(line, flush=True))  # fmt: skip
+        n = write_bundle(
+            data,
+            Path(args.bundle),
+            max_episodes=args.max_episodes,
+            where=where,
+            say=lambda line: print(line, flush=True),
+        )
         print(f"wrote {n} episodes to {args.bundle}; open {Path(args.bundle) / 'index.html'}")
         return 0
     token = new_token(args.host)

@@ -131,9 +131,11 @@ class RunConfig:
     def _check_sleep(self) -> None:
         if not self.inference.sleep_during_train:
             return
-        for key, want, why in (("train.mode", "sync", "nothing is sampled during a step"),
-                               ("inference.mode", "engine", "vLLM in this process"),
-                               ("eval.every", 0, "no evaluation beside training")):  # fmt: skip
+        for key, want, why in (
+            ("train.mode", "sync", "nothing is sampled during a step"),
+            ("inference.mode", "engine", "vLLM in this process"),
+            ("eval.every", 0, "no evaluation beside training"),
+        ):
             value = _get(self, key)
             if value != want:
                 raise ConfigError(

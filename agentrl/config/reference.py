@@ -31,17 +31,23 @@ def field_docs() -> dict[tuple[str, str], str]:
         for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
             body = cls.body
             for stmt, after in itertools.pairwise(body):
-                if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
-                        and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
-                        and isinstance(after.value.value, str)):  # fmt: skip
+                if (
+                    isinstance(stmt, ast.AnnAssign)
+                    and isinstance(stmt.target, ast.Name)
+                    and isinstance(after, ast.Expr)
+                    and isinstance(after.value, ast.Constant)
+                    and isinstance(after.value.value, str)
+                ):
                     docs[(cls.name, stmt.target.id)] = " ".join(after.value.value.split())
     return docs
 
 
 def defaults_toml() -> str:
     """The full default config as TOML, each key under its doc as a comment."""
-    lines = ["# agentrl: every config key with its default (agentrl config --defaults).",
-             "# Set only what you change; unknown keys are refused."]  # fmt: skip
+    lines = [
+        "# agentrl: every config key with its default (agentrl config --defaults).",
+        "# Set only what you change; unknown keys are refused.",
+    ]
     _section(RunConfig(), "", lines)
     return "\n".join(lines) + "\n"
 

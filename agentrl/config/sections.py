@@ -111,8 +111,16 @@ class ModelConfig:
                     f"(`agentrl check-model MODEL` shows the detected one)"
                 )
         # apply_chat_template's own arguments: agentrl sets them, they are not variables.
-        taken = {"conversation", "tools", "documents", "chat_template", "add_generation_prompt",
-                 "continue_final_message", "tokenize", "return_dict"}  # fmt: skip
+        taken = {
+            "conversation",
+            "tools",
+            "documents",
+            "chat_template",
+            "add_generation_prompt",
+            "continue_final_message",
+            "tokenize",
+            "return_dict",
+        }
         for key in self.chat_template_kwargs:
             if not isinstance(key, str) or not key.isidentifier() or key in taken:
                 raise ConfigError(
@@ -268,8 +276,12 @@ class InferenceConfig:
                 f"inference.gpu_memory_utilization = {share!r}; it must be in (0, 1], "
                 f"e.g. 0.3 to leave the rest of the GPU to the trainer"
             )
-        for name in ("startup_timeout_s", "request_timeout_s", "reconnect_timeout_s",
-                     "health_interval_s"):  # fmt: skip
+        for name in (
+            "startup_timeout_s",
+            "request_timeout_s",
+            "reconnect_timeout_s",
+            "health_interval_s",
+        ):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"inference.{name} = {getattr(self, name)!r}; it must be > 0")
 
@@ -328,8 +340,16 @@ class RolloutConfig:
     every one was a quarter of the rollout loop's CPU (20-turn episodes)."""
 
     def __post_init__(self) -> None:
-        _at_least("rollout", self, 1, "group_size", "concurrency", "max_turns",
-                  "max_tokens_per_turn", "workers")  # fmt: skip
+        _at_least(
+            "rollout",
+            self,
+            1,
+            "group_size",
+            "concurrency",
+            "max_turns",
+            "max_tokens_per_turn",
+            "workers",
+        )
         _at_least("rollout", self, 0, "max_retries", "max_tool_calls")
         if not self.checkpoint_interval_s >= 0:
             raise ConfigError(

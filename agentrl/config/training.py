@@ -97,8 +97,9 @@ class LossConfig:
             )
         for name in ("geo_mask", "token_mask", "outlier"):
             _band("trainer.loss", self, name)
-        _at_least("trainer.loss", self, 0, "dppo_mask_low", "dppo_mask_high", "dppo_kl",
-                  "step_weight")  # fmt: skip
+        _at_least(
+            "trainer.loss", self, 0, "dppo_mask_low", "dppo_mask_high", "dppo_kl", "step_weight"
+        )
         if self.kind == "dppo" and self.ratio_level != "token":
             raise ConfigError(
                 f"trainer.loss.ratio_level = {self.ratio_level!r} with kind 'dppo'; dppo's "
@@ -197,8 +198,10 @@ class TrainerConfig:
             raise ConfigError(
                 f"trainer.device = {device!r} is not allowed; use auto, cpu, cuda or cuda:N"
             )
-        for name, allowed in (("precision", TrainerPrecision),
-                              ("packed_attention", PackedAttention)):  # fmt: skip
+        for name, allowed in (
+            ("precision", TrainerPrecision),
+            ("packed_attention", PackedAttention),
+        ):
             if getattr(self, name) not in typing.get_args(allowed):
                 raise ConfigError(
                     f"trainer.{name} = {getattr(self, name)!r} is not allowed; use one of: "

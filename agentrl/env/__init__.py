@@ -292,8 +292,14 @@ class EnvHandle:
     """
 
     @classmethod
-    async def build(cls, make: Callable[..., Any], env_id: str, kwargs: dict[str, Any], *,
-                    thread_name: str = "agentrl-env") -> EnvHandle:  # fmt: skip
+    async def build(
+        cls,
+        make: Callable[..., Any],
+        env_id: str,
+        kwargs: dict[str, Any],
+        *,
+        thread_name: str = "agentrl-env",
+    ) -> EnvHandle:
         """``make(env_id, **kwargs)`` in the env's own worker thread (constructors may do
         I/O too), wrapped; the thread goes with the handle of a sync env, back for the next
         env at once for an async one (its calls are awaited on the loop: then only envs
@@ -310,8 +316,13 @@ class EnvHandle:
             ENV_THREADS.give_back(thread_name, lane)
         return handle
 
-    def __init__(self, env: gym.Env[Any, Any], lane: ThreadLane | None = None,
-                 *, thread_name: str = "agentrl-env") -> None:  # fmt: skip
+    def __init__(
+        self,
+        env: gym.Env[Any, Any],
+        lane: ThreadLane | None = None,
+        *,
+        thread_name: str = "agentrl-env",
+    ) -> None:
         self.env = env
         self._lane = lane
         self._thread_name = thread_name

@@ -47,11 +47,19 @@ DURING = "during"
 """The label of the evaluations run beside training."""
 
 
-async def evaluate(config: RunConfig, client: InferenceClient, tokenizer: Any, label: str,
-                   version: int, *, step: int = 0, tracer: Tracer | None = None,
-                   status: RunStatus | None = None,
-                   admission: asyncio.Event | None = None,
-                   make: Callable[..., Any] | None = None) -> dict[str, Any]:  # fmt: skip
+async def evaluate(
+    config: RunConfig,
+    client: InferenceClient,
+    tokenizer: Any,
+    label: str,
+    version: int,
+    *,
+    step: int = 0,
+    tracer: Tracer | None = None,
+    status: RunStatus | None = None,
+    admission: asyncio.Event | None = None,
+    make: Callable[..., Any] | None = None,
+) -> dict[str, Any]:
     """Run ``eval.episodes`` held-out tasks × ``eval.k`` samples under the current weights.
 
     They go through the same :class:`~agentrl.rollout.Scheduler` as training, one group
@@ -73,25 +81,40 @@ async def evaluate(config: RunConfig, client: InferenceClient, tokenizer: Any, l
     from agentrl.rollout import EpisodeRunner, Scheduler, tasks_for
 
     ev = config.eval
-    rollout = dataclasses.replace(config.rollout, temperature=ev.temperature, group_size=ev.k,
-                                  max_retries=0)  # fmt: skip
+    rollout = dataclasses.replace(
+        config.rollout, temperature=ev.temperature, group_size=ev.k, max_retries=0
+    )
     extra = {"make": make} if make is not None else {}
-    runner = EpisodeRunner(client, tokenizer, rollout, metrics=Metrics(), tracer=tracer,
-                           admission=admission, chat=resolve_chat_format(tokenizer, config.model),
-                           **extra)  # fmt: skip
+    runner = EpisodeRunner(
+        client,
+        tokenizer,
+        rollout,
+        metrics=Metrics(),
+        tracer=tracer,
+        admission=admission,
+        chat=resolve_chat_format(tokenizer, config.model),
+        **extra,
+    )
     runner.trace_pid = EVAL
     if status is not None:
         status.evaluating(label, runner, beside=label == DURING)
     seeds = tasks_for(config.env.id, ev.episodes, first_seed=ev.first_seed, **config.env.kwargs)
     tasks = [dataclasses.replace(t, task_id=f"eval-{label}-{t.seed}") for t in seeds]
     groups: list[Group] = []
-    scheduler = Scheduler(runner, TrajectoryQueue(max(len(tasks), 1)), rollout,
-                          on_group=groups.append)  # fmt: skip
+    scheduler = Scheduler(
+        runner, TrajectoryQueue(max(len(tasks), 1)), rollout, on_group=groups.append
+    )
     t0 = time.perf_counter()
     await scheduler.run(tasks)
-    return eval_summary(label, step, version, [t for g in groups for t in g.trajectories],
-                        k=ev.k, success_reward=ev.success_reward,
-                        wall_s=time.perf_counter() - t0)  # fmt: skip
+    return eval_summary(
+        label,
+        step,
+        version,
+        [t for g in groups for t in g.trajectories],
+        k=ev.k,
+        success_reward=ev.success_reward,
+        wall_s=time.perf_counter() - t0,
+    )
 
 
 class PeriodicEval:
@@ -110,8 +133,9 @@ class PeriodicEval:
         launch: runs the evaluation after a step, and records its row.
     """
 
-    def __init__(self, every: int, last_step: int,
-                 launch: Callable[[int], Awaitable[None]]) -> None:  # fmt: skip
+    def __init__(
+        self, every: int, last_step: int, launch: Callable[[int], Awaitable[None]]
+    ) -> None:
         self.every = every
         self.last_step = last_step
         self.launch = launch
@@ -126,8 +150,12 @@ class PeriodicEval:
         await self._group.__aenter__()
         return self
 
-    async def __aexit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                        tb: TracebackType | None) -> bool | None:  # fmt: skip
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
         return await self._group.__aexit__(kind, error, tb)
 
     def due(self, step: int) -> bool:
@@ -140,9 +168,12 @@ class PeriodicEval:
             return
         if self.running:
             self.skipped.append(step)
-            logger.warning("the evaluation due after step %d was skipped: the one started after "
-                           "step %d still runs (raise eval.every or lower eval.episodes)",
-                           step, self.started[-1])  # fmt: skip
+            logger.warning(
+                "the evaluation due after step %d was skipped: the one started after "
+                "step %d still runs (raise eval.every or lower eval.episodes)",
+                step,
+                self.started[-1],
+            )
             return
         self.started.append(step)
         self._running = self._group.create_task(self.launch(step), name=f"eval-step-{step}")

@@ -105,15 +105,20 @@ class EvalReport:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "env_id": self.env_id, "model": self.model, "k": self.k,
-            "tasks": len(self.tasks), "episodes": self.episodes,
-            "success_reward": self.success_reward, **self.summary(),
+            "env_id": self.env_id,
+            "model": self.model,
+            "k": self.k,
+            "tasks": len(self.tasks),
+            "episodes": self.episodes,
+            "success_reward": self.success_reward,
+            **self.summary(),
             "per_task": [t.to_json() for t in self.tasks],
-        }  # fmt: skip
+        }
 
 
-def score_task(task_id: str, episodes: Sequence[Sequence[Trajectory]], *, k: int,
-               success_reward: float) -> TaskResult:  # fmt: skip
+def score_task(
+    task_id: str, episodes: Sequence[Sequence[Trajectory]], *, k: int, success_reward: float
+) -> TaskResult:
     """One task's row from its episodes (each episode: its segments in order)."""
     finals = [segments[-1] for segments in episodes]
     n = len(finals)
@@ -132,8 +137,9 @@ def score_task(task_id: str, episodes: Sequence[Sequence[Trajectory]], *, k: int
     )
 
 
-def eval_report(trajectories: Iterable[Trajectory], *, env_id: str, model: str, k: int,
-                success_reward: float) -> EvalReport:  # fmt: skip
+def eval_report(
+    trajectories: Iterable[Trajectory], *, env_id: str, model: str, k: int, success_reward: float
+) -> EvalReport:
     """Score ended trajectories (several segments of an episode are joined), by task."""
     by_task: dict[str, dict[str, list[Trajectory]]] = defaultdict(lambda: defaultdict(list))
     for t in trajectories:

@@ -15,8 +15,16 @@ from agentrl.evaluation.report import eval_report
 from agentrl.types import Trajectory
 
 
-def eval_summary(label: str, step: int, version: int, trajectories: Sequence[Trajectory], *,
-                 k: int, success_reward: float, wall_s: float) -> dict[str, Any]:  # fmt: skip
+def eval_summary(
+    label: str,
+    step: int,
+    version: int,
+    trajectories: Sequence[Trajectory],
+    *,
+    k: int,
+    success_reward: float,
+    wall_s: float,
+) -> dict[str, Any]:
     """The row of one evaluation (``metrics.jsonl`` kind "eval", ``status.json``).
 
     Args:
@@ -35,18 +43,23 @@ def eval_summary(label: str, step: int, version: int, trajectories: Sequence[Tra
     finals = {t.episode_id: t for t in sorted(trajectories, key=lambda t: t.segment)}.values()
     newest = max((int(t.versions.max()) for t in trajectories if len(t.versions)), default=-1)
     return {
-        "label": label, "step": step, "version": version,
+        "label": label,
+        "step": step,
+        "version": version,
         "version_last": max(newest, version),
-        "tasks": len(report.tasks), "episodes": report.episodes, "k": k,
+        "tasks": len(report.tasks),
+        "episodes": report.episodes,
+        "k": k,
         "success_rate": _mean([t.reward >= success_reward for t in finals]),
         **{key: figures[key] for key in figures if key.startswith(("pass@", "avg@"))},
-        "tool_use_rate": figures["tool_use_rate"], "reward_mean": figures["reward_mean"],
+        "tool_use_rate": figures["tool_use_rate"],
+        "reward_mean": figures["reward_mean"],
         "turns_per_episode": figures["turns_per_episode"],
         "turns_to_solve": _turns_to_solve(trajectories, success_reward),
         "failed": sum(t.status == "failed" for t in finals),
         "truncated": sum(t.status == "truncated" for t in finals),
         "wall_s": wall_s,
-    }  # fmt: skip
+    }
 
 
 def _turns_to_solve(trajectories: Sequence[Trajectory], success_reward: float) -> float:
@@ -70,9 +83,11 @@ def eval_line(summary: Mapping[str, Any], *, tools: bool = True) -> str:
     at = f"step {ev['step']}, " if ev["label"] == "during" else ""
     scores = f", pass@{k} {ev[f'pass@{k}']:.1%}" if k > 1 else ""
     tool_use = f", tool use {ev['tool_use_rate']:.1%}" if tools else ""
-    return (f"eval {ev['label']} ({at}version {ev['version']}, {ev['episodes']} held-out "
-            f"episodes): success {ev['success_rate']:.1%}{scores}{tool_use}, mean reward "
-            f"{ev['reward_mean']:.3f}")  # fmt: skip
+    return (
+        f"eval {ev['label']} ({at}version {ev['version']}, {ev['episodes']} held-out "
+        f"episodes): success {ev['success_rate']:.1%}{scores}{tool_use}, mean reward "
+        f"{ev['reward_mean']:.3f}"
+    )
 
 
 def _mean(values: Sequence[float | int | bool]) -> float:

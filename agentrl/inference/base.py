@@ -233,9 +233,12 @@ class InferenceClient(Protocol):
         ...
 
     async def push_weights(
-        self, send: Callable[[], object], version: int | None = None, *,
+        self,
+        send: Callable[[], object],
+        version: int | None = None,
+        *,
         keep_inflight: bool = False,
-    ) -> int:  # fmt: skip
+    ) -> int:
         """Load weights that the blocking ``send`` streams in (NCCL); return the new version.
 
         ``send`` runs in a worker thread while the engine is paused.

@@ -63,8 +63,13 @@ class VLLMEngineClient(VLLMClientBase):
     :class:`~agentrl.inference.client_base.VLLMClientBase`.
     """
 
-    def __init__(self, engine: AsyncLLM, config: InferenceConfig, model_path: str,
-                 max_lora_rank: int | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        engine: AsyncLLM,
+        config: InferenceConfig,
+        model_path: str,
+        max_lora_rank: int | None = None,
+    ) -> None:
         super().__init__(config)
         self._engine = engine
         self.model_path = model_path
@@ -213,8 +218,9 @@ class VLLMEngineClient(VLLMClientBase):
                 "reload_weights", kwargs={"weights_path": str(weights_dir)}
             )
 
-        return await self._update(f"reloading weights from {str(weights_dir)!r}", reload,
-                                  version, keep_inflight)  # fmt: skip
+        return await self._update(
+            f"reloading weights from {str(weights_dir)!r}", reload, version, keep_inflight
+        )
 
     async def load_lora_adapter(
         self, adapter_dir: str, version: int | None = None, *, keep_inflight: bool = False
@@ -240,13 +246,17 @@ class VLLMEngineClient(VLLMClientBase):
             if previous is not None and not keep_inflight:
                 await self._engine.remove_lora(previous.lora_int_id)
 
-        return await self._update(f"loading the LoRA adapter in {str(adapter_dir)!r}", load,
-                                  version, keep_inflight)  # fmt: skip
+        return await self._update(
+            f"loading the LoRA adapter in {str(adapter_dir)!r}", load, version, keep_inflight
+        )
 
     async def push_weights(
-        self, send: Callable[[], object], version: int | None = None, *,
+        self,
+        send: Callable[[], object],
+        version: int | None = None,
+        *,
         keep_inflight: bool = False,
-    ) -> int:  # fmt: skip
+    ) -> int:
         """Load weights that ``send`` streams in (blocking; run in a worker thread).
 
         For vLLM's weight-transfer engines (NCCL): ``send`` is the trainer side of the
@@ -268,8 +278,10 @@ class VLLMEngineClient(VLLMClientBase):
         """Free the GPU for a train step: vLLM's sleep level 1 (weights to CPU memory, KV
         cache dropped); nothing may be in flight. Needs ``inference.sleep_during_train``."""
         if self._inflight.ids():
-            raise WeightSyncError("vLLM cannot sleep with requests in flight (train.mode "
-                                  "must be 'sync' for inference.sleep_during_train)")  # fmt: skip
+            raise WeightSyncError(
+                "vLLM cannot sleep with requests in flight (train.mode "
+                "must be 'sync' for inference.sleep_during_train)"
+            )
         await self._engine.sleep(level=1)
 
     async def wake_up(self) -> None:
@@ -322,8 +334,9 @@ class VLLMEngineClient(VLLMClientBase):
         await self._engine.update_weight_version(str(version))
 
 
-def _engine_args(model_path: str, config: InferenceConfig, seed: int | None,
-                 max_lora_rank: int | None) -> AsyncEngineArgs:  # fmt: skip
+def _engine_args(
+    model_path: str, config: InferenceConfig, seed: int | None, max_lora_rank: int | None
+) -> AsyncEngineArgs:
     """vLLM's ``AsyncEngineArgs`` for ``config`` (imports vLLM)."""
     from vllm.engine.arg_utils import AsyncEngineArgs
 
@@ -356,8 +369,9 @@ def _engine_args(model_path: str, config: InferenceConfig, seed: int | None,
     )
 
 
-async def _build(args: AsyncEngineArgs, config: InferenceConfig, model_path: str,
-                 log: Path | None) -> AsyncLLM:  # fmt: skip
+async def _build(
+    args: AsyncEngineArgs, config: InferenceConfig, model_path: str, log: Path | None
+) -> AsyncLLM:
     """``AsyncLLM.from_engine_args(args)`` in a thread, under ``startup_timeout_s``
     (``log``: where the engine's processes print, named in the error)."""
     from vllm.v1.engine.async_llm import AsyncLLM

@@ -282,9 +282,12 @@ class ServerPool:
         return await self._update("lora", str(adapter_dir), version, keep_inflight)
 
     async def push_weights(
-        self, send: Callable[[], object], version: int | None = None, *,
+        self,
+        send: Callable[[], object],
+        version: int | None = None,
+        *,
         keep_inflight: bool = False,
-    ) -> int:  # fmt: skip
+    ) -> int:
         """Refused: servers load weights from files (``reload_weights``).
 
         Raises:
@@ -317,10 +320,16 @@ class ServerPool:
     def describe(self) -> list[dict[str, Any]]:
         """One row per server: url, up, version, requests in flight, restarts, reason."""
         return [
-            {"url": m.url, "up": m.up, "version": m.version, "in_flight": m.load,
-             "restarts": m.server.restarts if m.server else 0, "reason": m.reason}
+            {
+                "url": m.url,
+                "up": m.up,
+                "version": m.version,
+                "in_flight": m.load,
+                "restarts": m.server.restarts if m.server else 0,
+                "reason": m.reason,
+            }
             for m in self.members
-        ]  # fmt: skip
+        ]
 
     def _ready(self) -> list[_Member]:
         return [m for m in self.members if m.up and m.version == self._version]
@@ -337,10 +346,13 @@ class ServerPool:
             return
         others = len(self._ready())
         logger.warning(
-            "inference server %s is down (%s); %s", m.url, reason,
-            f"its episodes continue on the {others} other server(s)" if others
+            "inference server %s is down (%s); %s",
+            m.url,
+            reason,
+            f"its episodes continue on the {others} other server(s)"
+            if others
             else "no other server is up; requests wait for one to come back",
-        )  # fmt: skip
+        )
         self._event(m, "down", reason)
 
     async def _pick(self, key: str, request_id: str) -> _Member | None:
@@ -434,8 +446,9 @@ class ServerPool:
                     m.gave_up = True
                     m.reason = f"its process died and was restarted {m.server.restarts} times"
                     self._event(m, "gave_up", m.reason)
-                    logger.error("inference server %s: %s; not restarting it again",
-                                 m.url, m.reason)  # fmt: skip
+                    logger.error(
+                        "inference server %s: %s; not restarting it again", m.url, m.reason
+                    )
                     return
                 await m.server.restart(self.config.startup_timeout_s)
                 self._event(m, "restarted")

@@ -209,17 +209,27 @@ def server_command(
     """
     model_path = resolve_model(model)
     command = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", model_path,
-        "--host", host,
-        "--port", str(port),
-        "--dtype", config.dtype,
-        "--max-model-len", str(config.max_model_len),
-        "--kv-cache-memory-bytes", str(config.kv_cache_bytes),
-        "--max-num-seqs", str(config.max_num_seqs),
-        "--logprobs-mode", "processed_logprobs",
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        model_path,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--dtype",
+        config.dtype,
+        "--max-model-len",
+        str(config.max_model_len),
+        "--kv-cache-memory-bytes",
+        str(config.kv_cache_bytes),
+        "--max-num-seqs",
+        str(config.max_num_seqs),
+        "--logprobs-mode",
+        "processed_logprobs",
         "--disable-log-stats",
-    ]  # fmt: skip
+    ]
     if seed is not None:
         command += ["--seed", str(seed)]
     if config.enforce_eager:
@@ -437,9 +447,12 @@ class VLLMServerClient(VLLMClientBase):
         return await self._update(action, load, version, keep_inflight, finish=switch)
 
     async def push_weights(
-        self, send: Callable[[], object], version: int | None = None, *,
+        self,
+        send: Callable[[], object],
+        version: int | None = None,
+        *,
         keep_inflight: bool = False,
-    ) -> int:  # fmt: skip
+    ) -> int:
         """Refused: a server loads weights from files (``reload_weights``).
 
         Raises:

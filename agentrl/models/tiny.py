@@ -197,8 +197,9 @@ def build_tiny_model(
 
 
 def _complete(folder: Path) -> bool:
-    return all((folder / f).is_file() for f in ("agentrl-tiny.json", "config.json",
-                                               "model.safetensors"))  # fmt: skip
+    return all(
+        (folder / f).is_file() for f in ("agentrl-tiny.json", "config.json", "model.safetensors")
+    )
 
 
 def _write_model(config: TinyModelConfig, out: Path) -> None:

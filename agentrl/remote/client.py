@@ -159,15 +159,18 @@ class RemoteEnv(AsyncTextEnv):
                 await self._open()
             assert self._session is not None
             try:
-                reply = await self._request({"type": "reset", "data": data}, "reset",
-                                            "observation", refusable=True)  # fmt: skip
+                reply = await self._request(
+                    {"type": "reset", "data": data}, "reset", "observation", refusable=True
+                )
                 break
             except _Refused:
                 self.pool.full(self._session.member)
                 await self._drop()
         else:
-            raise RemoteEnvError("env_unavailable", "every env server refused a session (full): "
-                                 + self.pool.reasons())  # fmt: skip
+            raise RemoteEnvError(
+                "env_unavailable",
+                "every env server refused a session (full): " + self.pool.reasons(),
+            )
         obs, _, _, _, info, observation = self._fields(reply, "reset")
         self.system_prompt = _optional_str(observation.get("system_prompt"))
         specs = observation.get("tool_specs")
@@ -182,8 +185,9 @@ class RemoteEnv(AsyncTextEnv):
     async def astep(self, action: str) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
         assert self._session is not None, "step before reset"
         field = self._session.member.action_field
-        reply = await self._request({"type": "step", "data": {field: action}}, "step",
-                                    "observation")  # fmt: skip
+        reply = await self._request(
+            {"type": "step", "data": {field: action}}, "step", "observation"
+        )
         obs, reward, terminated, truncated, info, _ = self._fields(reply, "step")
         return obs, reward, terminated, truncated, info
 
@@ -191,9 +195,9 @@ class RemoteEnv(AsyncTextEnv):
         """Restore a snapshot on the server (after ``steps`` steps)."""
         if self._session is None:
             raise RuntimeError("set_state before reset")
-        reply = await self._request({"type": "set_state",
-                                     "data": {"state": state, "steps": steps}},
-                                    "set_state", "state")  # fmt: skip
+        reply = await self._request(
+            {"type": "set_state", "data": {"state": state, "steps": steps}}, "set_state", "state"
+        )
         data = reply.get("data")
         snapshot = data.get("env_state") if isinstance(data, dict) else None
         self._env_state = snapshot if isinstance(snapshot, dict) else dict(state)
@@ -249,12 +253,16 @@ class RemoteEnv(AsyncTextEnv):
             pass
         else:
             coro.close()
-            raise RuntimeError(f"{name}() of a remote env was called inside a running event "
-                               f"loop; use `await env.a{name}(...)` instead")  # fmt: skip
+            raise RuntimeError(
+                f"{name}() of a remote env was called inside a running event "
+                f"loop; use `await env.a{name}(...)` instead"
+            )
         if self._session is not None and self._sync_loop is None:
             coro.close()
-            raise RuntimeError(f"{self!r} holds a session on another event loop; use "
-                               f"`await env.a{name}(...)` there")  # fmt: skip
+            raise RuntimeError(
+                f"{self!r} holds a session on another event loop; use "
+                f"`await env.a{name}(...)` there"
+            )
         if self._sync_loop is None:
             self._sync_loop = _LoopThread()
         return self._sync_loop.run(coro)
@@ -279,8 +287,9 @@ class RemoteEnv(AsyncTextEnv):
                 await session.ws.close()
         self.pool.release(session.member)
 
-    async def _request(self, message: dict[str, Any], what: str, expect: str, *,
-                       refusable: bool = False) -> dict[str, Any]:  # fmt: skip
+    async def _request(
+        self, message: dict[str, Any], what: str, expect: str, *, refusable: bool = False
+    ) -> dict[str, Any]:
         """Send one message and read its answer, under ``env.request_timeout_s``."""
         if self._lost is not None:
             raise self._lost
@@ -301,7 +310,7 @@ class RemoteEnv(AsyncTextEnv):
                 "env_timeout",
                 f"did not answer {what} within {timeout_s:g} s (env.request_timeout_s); the "
                 "server is left out until its /health answers",
-            )  # fmt: skip
+            )
             self.pool.down(session.member, f"a {what} took longer than {timeout_s:g} s")
             session.member.lost += 1
             raise error from None
@@ -311,16 +320,22 @@ class RemoteEnv(AsyncTextEnv):
             ) from None
         except (_Closed, aiohttp.ClientError, ConnectionError) as e:
             detail = describe_error(e) if not isinstance(e, _Closed) else str(e)
-            error = self._fail("env_unavailable", f"went away during {what} ({detail}); the "
-                               "episode is retried on a fresh session")  # fmt: skip
-            await self.pool.lost(session.member, f"a session broke during {what}: {detail}",
-                                 session.http)  # fmt: skip
+            error = self._fail(
+                "env_unavailable",
+                f"went away during {what} ({detail}); the episode is retried on a fresh session",
+            )
+            await self.pool.lost(
+                session.member, f"a session broke during {what}: {detail}", session.http
+            )
             raise error from None
         if reply["type"] == "error":
             self._error(reply.get("data"), what, refusable)
         if reply["type"] != expect:
-            raise self._fail("env_protocol", f"answered {what} with a {reply['type']!r} message "
-                             f"(expected {expect!r}): {P.short(reply)}")  # fmt: skip
+            raise self._fail(
+                "env_protocol",
+                f"answered {what} with a {reply['type']!r} message "
+                f"(expected {expect!r}): {P.short(reply)}",
+            )
         return reply
 
     async def _receive(self, session: _Session) -> dict[str, Any]:
@@ -339,11 +354,19 @@ class RemoteEnv(AsyncTextEnv):
         if code == P.CAPACITY_REACHED and refusable:
             raise _Refused(message)
         kind = data.get("kind")
-        if kind not in ("env_exception", "env_timeout", "env_bad_observation", "env_unavailable",
-                        "env_protocol"):  # fmt: skip
-            kind = {P.EXECUTION_ERROR: "env_exception", P.FACTORY_ERROR: "env_exception",
-                    P.SESSION_ERROR: "env_unavailable",
-                    P.CAPACITY_REACHED: "env_unavailable"}.get(code, "env_protocol")  # fmt: skip
+        if kind not in (
+            "env_exception",
+            "env_timeout",
+            "env_bad_observation",
+            "env_unavailable",
+            "env_protocol",
+        ):
+            kind = {
+                P.EXECUTION_ERROR: "env_exception",
+                P.FACTORY_ERROR: "env_exception",
+                P.SESSION_ERROR: "env_unavailable",
+                P.CAPACITY_REACHED: "env_unavailable",
+            }.get(code, "env_protocol")
         if kind == "env_protocol":
             message = f"refused the {what} message: {message} ({code or 'no code'})"
         raise self._fail(str(kind), message)
@@ -398,13 +421,17 @@ class RemoteEnv(AsyncTextEnv):
         """Run one of the env's tools on the server; its result as the server gave it."""
         if self._session is None:
             raise RuntimeError("a tool call before reset")
-        result = await self._rpc("tools/call", {"name": name, "arguments": arguments},
-                                 f"tool call {name}")  # fmt: skip
+        result = await self._rpc(
+            "tools/call", {"name": name, "arguments": arguments}, f"tool call {name}"
+        )
         if not isinstance(result, dict):
             raise self._fail("env_protocol", f"sent a malformed tool result: {P.short(result)}")
         content = result.get("content")
-        texts = [c.get("text", "") for c in content if isinstance(c, dict)] if isinstance(
-            content, list) else []  # fmt: skip
+        texts = (
+            [c.get("text", "") for c in content if isinstance(c, dict)]
+            if isinstance(content, list)
+            else []
+        )
         meta = result.get("_meta", {})
         ours = meta.get("agentrl", {}) if isinstance(meta, dict) else {}
         ours = ours if isinstance(ours, dict) else {}
@@ -439,8 +466,9 @@ class _LoopThread:
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
         self._http: aiohttp.ClientSession | None = None
-        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True,
-                                        name="agentrl-remote-env")  # fmt: skip
+        self._thread = threading.Thread(
+            target=self.loop.run_forever, daemon=True, name="agentrl-remote-env"
+        )
         self._thread.start()
 
     def http(self) -> aiohttp.ClientSession:

@@ -131,9 +131,13 @@ class EnvServerPool:
     @classmethod
     def from_config(cls, env: EnvConfig) -> EnvServerPool:
         """The pool of ``[env] url``/``urls``."""
-        return cls(env.servers, env.id, request_timeout_s=env.request_timeout_s,
-                   reconnect_timeout_s=env.reconnect_timeout_s,
-                   health_interval_s=env.health_interval_s)  # fmt: skip
+        return cls(
+            env.servers,
+            env.id,
+            request_timeout_s=env.request_timeout_s,
+            reconnect_timeout_s=env.reconnect_timeout_s,
+            health_interval_s=env.health_interval_s,
+        )
 
     async def __aenter__(self) -> EnvServerPool:
         await self.start()
@@ -188,9 +192,18 @@ class EnvServerPool:
 
     def describe(self) -> list[dict[str, Any]]:
         """One row per server: url, up, sessions open, sessions lost, reason."""
-        return [{"url": m.url, "up": m.up, "sessions": m.load, "capacity": m.capacity,
-                 "opened": m.sessions, "lost": m.lost, "reason": m.reason}
-                for m in self.members]  # fmt: skip
+        return [
+            {
+                "url": m.url,
+                "up": m.up,
+                "sessions": m.load,
+                "capacity": m.capacity,
+                "opened": m.sessions,
+                "lost": m.lost,
+                "reason": m.reason,
+            }
+            for m in self.members
+        ]
 
     @property
     def health_interval_s(self) -> float:
@@ -262,13 +275,16 @@ class EnvServerPool:
             "RUN_DIR` continues where this run stopped"
         )
 
-    async def _connect(self, http: aiohttp.ClientSession,
-                       member: Member) -> aiohttp.ClientWebSocketResponse:  # fmt: skip
+    async def _connect(
+        self, http: aiohttp.ClientSession, member: Member
+    ) -> aiohttp.ClientWebSocketResponse:
         async with asyncio.timeout(self.request_timeout_s):
             return await http.ws_connect(
-                http_url(member.url) + "/ws", max_msg_size=MAX_MESSAGE_BYTES, autoping=True,
+                http_url(member.url) + "/ws",
+                max_msg_size=MAX_MESSAGE_BYTES,
+                autoping=True,
                 timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=5.0),
-            )  # fmt: skip
+            )
 
     def release(self, member: Member) -> None:
         """A session of ``member`` closed (any thread)."""
@@ -285,11 +301,14 @@ class EnvServerPool:
             return
         others = sum(m.up for m in self.members)
         logger.warning(
-            "env server %s is down (%s); %s", member.url, reason,
-            f"its episodes are retried on the {others} other server(s)" if others
+            "env server %s is down (%s); %s",
+            member.url,
+            reason,
+            f"its episodes are retried on the {others} other server(s)"
+            if others
             else "no other env server is up; new episodes wait for one to come back "
             f"(env.reconnect_timeout_s = {self.reconnect_timeout_s:g} s)",
-        )  # fmt: skip
+        )
         self.events.append(EnvServerEvent(time.time(), member.url, "down", reason))
         self._notify()
 
@@ -332,8 +351,9 @@ class EnvServerPool:
             else:
                 m.retry_later(problem)
 
-    async def _healthy(self, m: Member, http: aiohttp.ClientSession,
-                       timeout_s: float = PROBE_TIMEOUT_S) -> bool:  # fmt: skip
+    async def _healthy(
+        self, m: Member, http: aiohttp.ClientSession, timeout_s: float = PROBE_TIMEOUT_S
+    ) -> bool:
         try:
             async with asyncio.timeout(min(timeout_s, self.request_timeout_s)):
                 async with http.get(http_url(m.url) + "/health") as r:

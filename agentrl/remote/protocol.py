@@ -91,12 +91,15 @@ def error(message: str, code: str, kind: str | None = None, **extra: Any) -> dic
 
 def result(observation: dict[str, Any], reward: float | None, done: bool) -> dict[str, Any]:
     """An observation message (the answer to reset and step)."""
-    return {"type": "observation",
-            "data": {"observation": observation, "reward": reward, "done": done}}  # fmt: skip
+    return {
+        "type": "observation",
+        "data": {"observation": observation, "reward": reward, "done": done},
+    }
 
 
-def text_observation(obs: Any, *, truncated: bool, info: Mapping[str, Any],
-                     env_state: dict[str, Any] | None) -> dict[str, Any]:  # fmt: skip
+def text_observation(
+    obs: Any, *, truncated: bool, info: Mapping[str, Any], env_state: dict[str, Any] | None
+) -> dict[str, Any]:
     """The observation fields of a text env's reset or step.
 
     Raises:
@@ -108,15 +111,23 @@ def text_observation(obs: Any, *, truncated: bool, info: Mapping[str, Any],
         text, messages = None, obs
     else:
         raise TypeError(f"a {type(obs).__name__} ({obs!r:.120})")
-    return {"text": text, "messages": messages, "truncated": truncated,
-            "info": jsonable(info, allow_nan=False), "env_state": env_state}  # fmt: skip
+    return {
+        "text": text,
+        "messages": messages,
+        "truncated": truncated,
+        "info": jsonable(info, allow_nan=False),
+        "env_state": env_state,
+    }
 
 
 def tool_spec(schema: Mapping[str, Any]) -> dict[str, Any]:
     """An MCP tool spec from an agentrl tool schema (``{"type": "function", ...}``)."""
     fn = schema.get("function", schema)
-    return {"name": fn["name"], "description": fn.get("description", ""),
-            "inputSchema": fn.get("parameters", {"type": "object", "properties": {}})}  # fmt: skip
+    return {
+        "name": fn["name"],
+        "description": fn.get("description", ""),
+        "inputSchema": fn.get("parameters", {"type": "object", "properties": {}}),
+    }
 
 
 def tool_schema(spec: Mapping[str, Any]) -> dict[str, Any]:
@@ -129,16 +140,25 @@ def tool_schema(spec: Mapping[str, Any]) -> dict[str, Any]:
     params = spec.get("inputSchema", spec.get("input_schema", {})) if name else None
     if not isinstance(name, str) or not name or not isinstance(params, dict):
         raise Malformed(f"a tool spec without a name or input schema: {spec!r:.200}")
-    return {"type": "function",
-            "function": {"name": name, "description": str(spec.get("description") or ""),
-                         "parameters": params}}  # fmt: skip
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": str(spec.get("description") or ""),
+            "parameters": params,
+        },
+    }
 
 
-def tool_result(content: str, error_kind: str | None,
-                env_state: dict[str, Any] | None) -> dict[str, Any]:  # fmt: skip
+def tool_result(
+    content: str, error_kind: str | None, env_state: dict[str, Any] | None
+) -> dict[str, Any]:
     """The MCP ``tools/call`` result of one tool call."""
-    return {"content": [{"type": "text", "text": content}], "isError": error_kind is not None,
-            "_meta": {"agentrl": {"error": error_kind, "env_state": env_state}}}  # fmt: skip
+    return {
+        "content": [{"type": "text", "text": content}],
+        "isError": error_kind is not None,
+        "_meta": {"agentrl": {"error": error_kind, "env_state": env_state}},
+    }
 
 
 def rpc_result(request_id: Any, value: Any) -> dict[str, Any]:
@@ -146,9 +166,10 @@ def rpc_result(request_id: Any, value: Any) -> dict[str, Any]:
 
 
 def rpc_error(request_id: Any, code: int, message: str) -> dict[str, Any]:
-    return {"type": "mcp",
-            "data": {"jsonrpc": "2.0", "id": request_id,
-                     "error": {"code": code, "message": message}}}  # fmt: skip
+    return {
+        "type": "mcp",
+        "data": {"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}},
+    }
 
 
 # -- reading answers (the client) ----------------------------------------------------------
@@ -169,8 +190,9 @@ def decode(text: str | bytes) -> dict[str, Any]:
     return message
 
 
-def step_fields(data: Any, action_field: str) -> tuple[Any, float, bool, bool, dict[str, Any],
-                                                       dict[str, Any]]:  # fmt: skip
+def step_fields(
+    data: Any, action_field: str
+) -> tuple[Any, float, bool, bool, dict[str, Any], dict[str, Any]]:
     """``(obs, reward, terminated, truncated, info, observation)`` of a RESULT.
 
     agentrl's observations give ``text`` or ``messages``; another OpenEnv env's

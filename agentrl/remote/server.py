@@ -46,39 +46,55 @@ MAX_MESSAGE_BYTES = 100 * 2**20
 """Largest message either side takes (OpenEnv's client default)."""
 
 ACTION_SCHEMA = {
-    "title": "TextAction", "type": "object", "additionalProperties": False,
+    "title": "TextAction",
+    "type": "object",
+    "additionalProperties": False,
     "properties": {
         "message": {"type": "string", "title": "Message", "description": "The model's turn."},
         "metadata": {"type": "object", "title": "Metadata", "additionalProperties": True},
     },
     "required": ["message"],
-}  # fmt: skip
+}
 OBSERVATION_SCHEMA = {
-    "title": "TextObservation", "type": "object",
+    "title": "TextObservation",
+    "type": "object",
     "properties": {
-        "text": {"anyOf": [{"type": "string"}, {"type": "null"}],
-                 "description": "The observation, when the env returns a string."},
-        "messages": {"anyOf": [{"type": "array", "items": {"type": "object"}}, {"type": "null"}],
-                     "description": "The observation, when the env returns chat messages."},
+        "text": {
+            "anyOf": [{"type": "string"}, {"type": "null"}],
+            "description": "The observation, when the env returns a string.",
+        },
+        "messages": {
+            "anyOf": [{"type": "array", "items": {"type": "object"}}, {"type": "null"}],
+            "description": "The observation, when the env returns chat messages.",
+        },
         "truncated": {"type": "boolean", "description": "A limit ended the episode."},
         "info": {"type": "object", "description": "The env's info dict (JSON values)."},
-        "env_state": {"anyOf": [{"type": "object"}, {"type": "null"}],
-                      "description": "The env's get_state() after this call, if it has one."},
-        "system_prompt": {"anyOf": [{"type": "string"}, {"type": "null"}],
-                          "description": "Reset only: the env's system prompt."},
-        "tool_specs": {"type": "array", "items": {"type": "object"},
-                       "description": "Reset only: the env's tools, as MCP tool specs."},
+        "env_state": {
+            "anyOf": [{"type": "object"}, {"type": "null"}],
+            "description": "The env's get_state() after this call, if it has one.",
+        },
+        "system_prompt": {
+            "anyOf": [{"type": "string"}, {"type": "null"}],
+            "description": "Reset only: the env's system prompt.",
+        },
+        "tool_specs": {
+            "type": "array",
+            "items": {"type": "object"},
+            "description": "Reset only: the env's tools, as MCP tool specs.",
+        },
     },
-}  # fmt: skip
+}
 STATE_SCHEMA = {
-    "title": "TextEnvState", "type": "object", "additionalProperties": True,
+    "title": "TextEnvState",
+    "type": "object",
+    "additionalProperties": True,
     "properties": {
         "episode_id": {"anyOf": [{"type": "string"}, {"type": "null"}]},
         "step_count": {"type": "integer", "minimum": 0},
         "env_id": {"type": "string"},
         "env_state": {"anyOf": [{"type": "object"}, {"type": "null"}]},
     },
-}  # fmt: skip
+}
 
 
 class EnvServer(SessionMessages):
@@ -107,9 +123,11 @@ class EnvServer(SessionMessages):
     ) -> None:
         if max_sessions < 1:
             raise ConfigError(f"--max-sessions = {max_sessions}; it must be at least 1")
-        for name, value in (("--idle-timeout-s", idle_timeout_s),
-                            ("--env-timeout-s", env_timeout_s),
-                            ("--tool-timeout-s", tool_timeout_s)):  # fmt: skip
+        for name, value in (
+            ("--idle-timeout-s", idle_timeout_s),
+            ("--env-timeout-s", env_timeout_s),
+            ("--tool-timeout-s", tool_timeout_s),
+        ):
             if not value > 0:
                 raise ConfigError(f"{name} = {value}; it must be > 0")
         self.env_id = env_id
@@ -137,8 +155,9 @@ class EnvServer(SessionMessages):
         try:
             env = self.make(self.env_id, **self.kwargs)
         except Exception as e:
-            raise ConfigError(f"cannot make {self.env_id!r} with kwargs {self.kwargs}: "
-                              f"{type(e).__name__}: {e}") from e  # fmt: skip
+            raise ConfigError(
+                f"cannot make {self.env_id!r} with kwargs {self.kwargs}: {type(e).__name__}: {e}"
+            ) from e
         try:
             self.supports_state = supports_state(env)
         finally:
@@ -196,13 +215,16 @@ class EnvServer(SessionMessages):
             now = time.monotonic()
             for s in list(self.sessions.values()):
                 if not s.busy and not s.closing and now - s.last_active > self.idle_timeout_s:
-                    s.closing = (f"the session was idle for more than {self.idle_timeout_s:g} s "
-                                 "(agentrl serve-env --idle-timeout-s) and was closed")  # fmt: skip
+                    s.closing = (
+                        f"the session was idle for more than {self.idle_timeout_s:g} s "
+                        "(agentrl serve-env --idle-timeout-s) and was closed"
+                    )
                     self.counters["sessions_idle_closed"] += 1
                     if s.ws is not None:
                         with connection_gone(f"closing idle session {s.id}"):
-                            await s.ws.send_json(P.error(s.closing, P.SESSION_ERROR,
-                                                         "env_unavailable"))  # fmt: skip
+                            await s.ws.send_json(
+                                P.error(s.closing, P.SESSION_ERROR, "env_unavailable")
+                            )
                             await s.ws.close(code=4000, message=b"idle timeout")
 
     # -- HTTP routes ------------------------------------------------------------------------
@@ -215,22 +237,33 @@ class EnvServer(SessionMessages):
         return web.json_response({"status": "healthy"})
 
     async def _metadata(self, request: web.Request) -> web.Response:
-        return web.json_response({
-            "name": self.env_id, "version": _version(), "author": None,
-            "description": f"{self.env_id}, an agentrl text env (agentrl serve-env)",
-            "readme_content": None, "documentation_url": None,
-        })  # fmt: skip
+        return web.json_response(
+            {
+                "name": self.env_id,
+                "version": _version(),
+                "author": None,
+                "description": f"{self.env_id}, an agentrl text env (agentrl serve-env)",
+                "readme_content": None,
+                "documentation_url": None,
+            }
+        )
 
     async def _schema(self, request: web.Request) -> web.Response:
-        return web.json_response({"action": ACTION_SCHEMA, "observation": OBSERVATION_SCHEMA,
-                                  "state": STATE_SCHEMA})  # fmt: skip
+        return web.json_response(
+            {"action": ACTION_SCHEMA, "observation": OBSERVATION_SCHEMA, "state": STATE_SCHEMA}
+        )
 
     async def _info(self, request: web.Request) -> web.Response:
-        return web.json_response({
-            "protocol": P.PROTOCOL_VERSION, "env_id": self.env_id,
-            "sessions": len(self.sessions), "max_sessions": self.max_sessions,
-            "supports_state": self.supports_state, "counters": dict(self.counters),
-        })  # fmt: skip
+        return web.json_response(
+            {
+                "protocol": P.PROTOCOL_VERSION,
+                "env_id": self.env_id,
+                "sessions": len(self.sessions),
+                "max_sessions": self.max_sessions,
+                "supports_state": self.supports_state,
+                "counters": dict(self.counters),
+            }
+        )
 
     async def _http_reset(self, request: web.Request) -> web.Response:
         """Stateless, as OpenEnv's: a fresh env, reset, its first observation, closed."""
@@ -254,11 +287,13 @@ class EnvServer(SessionMessages):
         return await self._stateless(seed, options, action[P.ACTION_FIELD])
 
     async def _http_state(self, request: web.Request) -> web.Response:
-        return web.json_response({"episode_id": None, "step_count": 0, "env_id": self.env_id,
-                                  "env_state": None})  # fmt: skip
+        return web.json_response(
+            {"episode_id": None, "step_count": 0, "env_id": self.env_id, "env_state": None}
+        )
 
-    async def _stateless(self, seed: int | None, options: dict[str, Any] | None,
-                         action: str | None) -> web.Response:  # fmt: skip
+    async def _stateless(
+        self, seed: int | None, options: dict[str, Any] | None, action: str | None
+    ) -> web.Response:
         session = Session("http")
         try:
             session.handle = await self._call(session, "make", self._build)
@@ -271,8 +306,9 @@ class EnvServer(SessionMessages):
         finally:
             await self._close_env(session)
         if reply["type"] == "error":
-            return web.json_response({"detail": reply["data"]["message"], **reply["data"]},
-                                     status=500)  # fmt: skip
+            return web.json_response(
+                {"detail": reply["data"]["message"], **reply["data"]}, status=500
+            )
         return web.json_response(reply["data"])
 
     # -- sessions ---------------------------------------------------------------------------
@@ -285,10 +321,15 @@ class EnvServer(SessionMessages):
             return web.Response(status=400)  # never sent: aiohttp drops it quietly
         if len(self.sessions) >= self.max_sessions:
             self.counters["sessions_refused"] += 1
-            await ws.send_json(P.error(
-                f"the env server holds its maximum of {self.max_sessions} sessions "
-                "(agentrl serve-env --max-sessions)", P.CAPACITY_REACHED,
-                active_sessions=len(self.sessions), max_sessions=self.max_sessions))  # fmt: skip
+            await ws.send_json(
+                P.error(
+                    f"the env server holds its maximum of {self.max_sessions} sessions "
+                    "(agentrl serve-env --max-sessions)",
+                    P.CAPACITY_REACHED,
+                    active_sessions=len(self.sessions),
+                    max_sessions=self.max_sessions,
+                )
+            )
             await ws.close()
             return ws
         session = Session(uuid.uuid4().hex, ws)
@@ -305,7 +346,8 @@ class EnvServer(SessionMessages):
                 if msg.type == WSMsgType.BINARY:
                     reply: dict[str, Any] | None = P.error(
                         "binary messages are not part of the protocol; send JSON text",
-                        P.INVALID_JSON)  # fmt: skip
+                        P.INVALID_JSON,
+                    )
                 elif msg.type != WSMsgType.TEXT:
                     break
                 else:
@@ -350,8 +392,9 @@ def _version() -> str:
         return "unknown"
 
 
-async def serve_env(server: EnvServer, host: str, port: int,
-                    ready: Callable[[], None] | None = None) -> None:  # fmt: skip
+async def serve_env(
+    server: EnvServer, host: str, port: int, ready: Callable[[], None] | None = None
+) -> None:
     """Serve until SIGINT or SIGTERM, then close every session."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -136,8 +136,10 @@ def check_servers(env: EnvConfig, *, timeout_s: float = PROBE_TIMEOUT_S) -> EnvC
         if not env_id:
             env_id = served or str(metadata.get("name") or "")
     if not env_id:
-        raise ConfigError(f"env.id is empty and the env server {next(iter(answers))} does not "
-                          "name its env (/metadata); set env.id")  # fmt: skip
+        raise ConfigError(
+            f"env.id is empty and the env server {next(iter(answers))} does not "
+            "name its env (/metadata); set env.id"
+        )
     return env if env_id == env.id else dataclasses.replace(env, id=env_id)
 
 

@@ -30,8 +30,11 @@ from agentrl.tools import ToolCall, ToolSet
 
 logger = logging.getLogger(__name__)
 
-_TOOL_ERROR_TYPES = {"unknown_tool": "tool_not_found", "bad_arguments": "invalid_args",
-                     "timeout": "timeout"}  # fmt: skip
+_TOOL_ERROR_TYPES = {
+    "unknown_tool": "tool_not_found",
+    "bad_arguments": "invalid_args",
+    "timeout": "timeout",
+}
 """agentrl's tool error kinds as OpenEnv's ToolErrorType (others: execution_error)."""
 
 
@@ -76,8 +79,9 @@ class SessionMessages:
         except ValueError as e:
             return P.error(f"Invalid JSON: {e}", P.INVALID_JSON)
         if not isinstance(message, dict):
-            return P.error(f"a message is a JSON object, not {P.short(message)}",
-                           P.VALIDATION_ERROR)  # fmt: skip
+            return P.error(
+                f"a message is a JSON object, not {P.short(message)}", P.VALIDATION_ERROR
+            )
         kind, data = message.get("type", ""), message.get("data", {})
         if data is None:
             data = {}
@@ -86,9 +90,12 @@ class SessionMessages:
         if not isinstance(data, dict):
             return P.error(f"data of a {kind!r} message must be an object", P.VALIDATION_ERROR)
         handlers: dict[str, Callable[[Session, dict[str, Any]], Awaitable[dict[str, Any]]]] = {
-            "reset": self._reset, "step": self._step, "state": self._state,
-            "set_state": self._set_state, "mcp": self._mcp,
-        }  # fmt: skip
+            "reset": self._reset,
+            "step": self._step,
+            "state": self._state,
+            "set_state": self._set_state,
+            "mcp": self._mcp,
+        }
         handler = handlers.get(kind)
         if handler is None:
             return P.error(f"Unknown message type: {kind}", P.UNKNOWN_TYPE)
@@ -105,8 +112,13 @@ class SessionMessages:
         try:
             return dumps(reply)
         except (TypeError, ValueError) as e:
-            return dumps(P.error(f"{self.env_id} returned something that is not JSON: {e}",
-                                  P.EXECUTION_ERROR, "env_bad_observation"))  # fmt: skip
+            return dumps(
+                P.error(
+                    f"{self.env_id} returned something that is not JSON: {e}",
+                    P.EXECUTION_ERROR,
+                    "env_bad_observation",
+                )
+            )
 
     async def _reset(self, session: Session, data: dict[str, Any]) -> dict[str, Any]:
         handle = self._handle(session)
@@ -127,8 +139,9 @@ class SessionMessages:
         handle = self._handle(session)
         action = data.get(P.ACTION_FIELD)
         if not isinstance(action, str):
-            raise P.Malformed(f"a step's action needs a string {P.ACTION_FIELD!r} field, got "
-                              f"{P.short(data)}")  # fmt: skip
+            raise P.Malformed(
+                f"a step's action needs a string {P.ACTION_FIELD!r} field, got {P.short(data)}"
+            )
         obs, reward, terminated, truncated, info = await self._call(
             session, "step", functools.partial(handle.step, action)
         )
@@ -138,9 +151,15 @@ class SessionMessages:
 
     async def _state(self, session: Session, data: dict[str, Any]) -> dict[str, Any]:
         handle = self._handle(session)
-        return {"type": "state", "data": {"episode_id": session.episode_id,
-                                          "step_count": handle.steps, "env_id": self.env_id,
-                                          "env_state": self._snapshot(session)}}  # fmt: skip
+        return {
+            "type": "state",
+            "data": {
+                "episode_id": session.episode_id,
+                "step_count": handle.steps,
+                "env_id": self.env_id,
+                "env_state": self._snapshot(session),
+            },
+        }
 
     async def _set_state(self, session: Session, data: dict[str, Any]) -> dict[str, Any]:
         handle = self._handle(session)
@@ -169,9 +188,14 @@ class SessionMessages:
     async def _step_tool(self, session: Session, data: dict[str, Any]) -> dict[str, Any]:
         """OpenEnv's step-based tool calls: ListToolsAction and CallToolAction."""
         if data["type"] == "list_tools":
-            tools = [{"name": t["name"], "description": t["description"],
-                      "input_schema": t["inputSchema"]}
-                     for t in self._tool_specs(session)]  # fmt: skip
+            tools = [
+                {
+                    "name": t["name"],
+                    "description": t["description"],
+                    "input_schema": t["inputSchema"],
+                }
+                for t in self._tool_specs(session)
+            ]
             return P.result({"tools": tools}, None, False)
         name, arguments = data.get("tool_name"), data.get("arguments") or {}
         if not isinstance(name, str) or not isinstance(arguments, dict):
@@ -184,8 +208,9 @@ class SessionMessages:
         )
         return P.result({"tool_name": name, "result": content, "error": error}, 0.0, False)
 
-    async def _call_tool(self, session: Session, name: str,
-                         arguments: dict[str, Any]) -> tuple[str, str | None]:  # fmt: skip
+    async def _call_tool(
+        self, session: Session, name: str, arguments: dict[str, Any]
+    ) -> tuple[str, str | None]:
         assert session.toolset is not None
         self._handle(session)
         self.counters["tool_calls"] += 1
@@ -196,13 +221,15 @@ class SessionMessages:
 
     def _handle(self, session: Session) -> EnvHandle:
         if session.handle is None:
-            raise EnvCallError(f"the session's env {self.env_id} could not be made",
-                                "env_exception")  # fmt: skip
+            raise EnvCallError(
+                f"the session's env {self.env_id} could not be made", "env_exception"
+            )
         return session.handle
 
     async def _build(self) -> EnvHandle:
-        return await EnvHandle.build(self.make, self.env_id, dict(self.kwargs),
-                                     thread_name="serve-env")  # fmt: skip
+        return await EnvHandle.build(
+            self.make, self.env_id, dict(self.kwargs), thread_name="serve-env"
+        )
 
     async def _call(self, session: Session, name: str, fn: Callable[[], Awaitable[Any]]) -> Any:
         try:
@@ -213,22 +240,26 @@ class SessionMessages:
             self.counters["env_timeouts"] += 1
             raise EnvCallError(
                 f"{name} took longer than {self.env_timeout_s:g} s on the env server "
-                "(agentrl serve-env --env-timeout-s); the session is closed", "env_timeout",
-            ) from None  # fmt: skip
+                "(agentrl serve-env --env-timeout-s); the session is closed",
+                "env_timeout",
+            ) from None
         except Exception as e:
             self.counters["env_exceptions"] += 1
             raise EnvCallError(f"{name} raised {type(e).__name__}: {e}", "env_exception") from e
 
-    def _observation(self, session: Session, obs: Any, where: str, truncated: bool,
-                     info: Mapping[str, Any]) -> dict[str, Any]:  # fmt: skip
+    def _observation(
+        self, session: Session, obs: Any, where: str, truncated: bool, info: Mapping[str, Any]
+    ) -> dict[str, Any]:
         try:
-            return P.text_observation(obs, truncated=truncated, info=info,
-                                      env_state=self._snapshot(session))  # fmt: skip
+            return P.text_observation(
+                obs, truncated=truncated, info=info, env_state=self._snapshot(session)
+            )
         except TypeError as e:
             raise EnvCallError(
                 f"{self.env_id} {where} returned {e}; expected a str, or a list of "
-                "{'role': ..., 'content': str} messages", "env_bad_observation",
-            ) from None  # fmt: skip
+                "{'role': ..., 'content': str} messages",
+                "env_bad_observation",
+            ) from None
 
     def _snapshot(self, session: Session) -> dict[str, Any] | None:
         if session.handle is None:
@@ -258,8 +289,9 @@ class SessionMessages:
                 async with asyncio.timeout(self.env_timeout_s):
                     await handle.close()
         except Exception as e:
-            logger.warning("closing a %s session's env failed: %s: %s", self.env_id,
-                           type(e).__name__, e)  # fmt: skip
+            logger.warning(
+                "closing a %s session's env failed: %s: %s", self.env_id, type(e).__name__, e
+            )
         finally:
             handle.abandon()
 

@@ -92,8 +92,13 @@ class Recorded:
         ]
 
 
-def load(store: EpisodeStore, episode_id: str, attempt: int | None = None, *,
-         tasks: dict[str, Task] | None = None) -> Recorded:  # fmt: skip
+def load(
+    store: EpisodeStore,
+    episode_id: str,
+    attempt: int | None = None,
+    *,
+    tasks: dict[str, Task] | None = None,
+) -> Recorded:
     """An episode's latest attempt (or ``attempt``): ended or checkpointed.
 
     ``tasks``: the store's tasks by id (read from the store when not given).
@@ -155,8 +160,17 @@ def select(store: EpisodeStore, **filters: Any) -> Iterator[Recorded]:
 def list_episodes(store: EpisodeStore, **filters: Any) -> Table:
     """A table of episodes matching ``filters`` (see :meth:`EpisodeStore.episodes`)."""
     table = Table(title=f"episodes in {store.path}")
-    for name in ("episode", "try", "env", "state", "reward", "tokens", "sampled",
-                 "versions", "reason"):  # fmt: skip
+    for name in (
+        "episode",
+        "try",
+        "env",
+        "state",
+        "reward",
+        "tokens",
+        "sampled",
+        "versions",
+        "reason",
+    ):
         table.add_column(name, overflow="fold")
     unfinished = 0
     for r in store.episodes(**filters):
@@ -166,8 +180,17 @@ def list_episodes(store: EpisodeStore, **filters: Any) -> Table:
         if state in UNFINISHED:
             unfinished += 1
             state = f"{state} (unfinished)"
-        table.add_row(r["episode_id"], str(r["attempt"]), r["env_id"], state, reward,
-                      str(r["tokens"]), str(r["sampled"]), span, r["reason"][:60])  # fmt: skip
+        table.add_row(
+            r["episode_id"],
+            str(r["attempt"]),
+            r["env_id"],
+            state,
+            reward,
+            str(r["tokens"]),
+            str(r["sampled"]),
+            span,
+            r["reason"][:60],
+        )
     if unfinished:
         run_dir = store.path.parent
         table.caption = (
@@ -209,8 +232,10 @@ def transcript(recorded: Recorded, tokenizer: Any, *, from_turn: int = 0) -> Tex
         p = recorded.partial
         if p.turn_sampled:
             pairs = assistant_tokens.get(p.turn, [])
-            out.append(f"\n[turn {p.turn}] assistant (unfinished, {p.turn_sampled} tokens so "
-                       "far)\n", style="bold")  # fmt: skip
+            out.append(
+                f"\n[turn {p.turn}] assistant (unfinished, {p.turn_sampled} tokens so far)\n",
+                style="bold",
+            )
             out.append_text(_versioned(pairs, tokenizer))
             out.append("\n")
         out.append(f"\n-- unfinished: checkpoint at version {p.version} --\n", style="italic")
@@ -261,8 +286,11 @@ def fork_point(recorded: Recorded, turn: int) -> PartialEpisode:
     last = segments[point["segment"]]
     n = point["tokens"]
     spans = [dataclasses.replace(s, end=min(s.end, n)) for s in last.spans if s.start < n]
-    kept.append(SegmentArrays(last.token_ids[:n], last.logprobs[:n], last.versions[:n],
-                              last.loss_mask[:n], spans))  # fmt: skip
+    kept.append(
+        SegmentArrays(
+            last.token_ids[:n], last.logprobs[:n], last.versions[:n], last.loss_mask[:n], spans
+        )
+    )
     return PartialEpisode(
         episode_id=recorded.episode_id,
         task=recorded.task,
@@ -291,13 +319,18 @@ def restore_note(point: PartialEpisode) -> str:
     steps = sum("action" in e for e in point.env_log[1:])
     calls = sum("tool" in e for e in point.env_log[1:])
     if point.env_state is not None:
-        return (f"env restored from its state snapshot after {steps} steps and {calls} tool "
-                "calls (exact)")  # fmt: skip
-    note = (f"env rebuilt by replaying {steps} steps and {calls} tool calls from seed "
-            f"{point.task.seed}")  # fmt: skip
+        return (
+            f"env restored from its state snapshot after {steps} steps and {calls} tool "
+            "calls (exact)"
+        )
+    note = (
+        f"env rebuilt by replaying {steps} steps and {calls} tool calls from seed {point.task.seed}"
+    )
     if calls:
-        note += ("; exact only if the env and its tools are deterministic and the tools "
-                 "have no effects outside the env (it has no get_state/set_state)")  # fmt: skip
+        note += (
+            "; exact only if the env and its tools are deterministic and the tools "
+            "have no effects outside the env (it has no get_state/set_state)"
+        )
     return note
 
 
@@ -309,14 +342,16 @@ def new_episode_id(store: EpisodeStore, base: str) -> str:
     return f"{base}-{n}"
 
 
-def side_by_side(original: Recorded, fork: Recorded, turn: int, tokenizer: Any,
-                 title: str) -> Table:  # fmt: skip
+def side_by_side(
+    original: Recorded, fork: Recorded, turn: int, tokenizer: Any, title: str
+) -> Table:
     """The two endings from ``turn`` on, in two columns."""
     table = Table(title=title, show_lines=True, expand=True)
     table.add_column(f"recorded {original.episode_id}", ratio=1, overflow="fold")
     table.add_column(f"fork {fork.episode_id}", ratio=1, overflow="fold")
-    table.add_row(transcript(original, tokenizer, from_turn=turn),
-                  transcript(fork, tokenizer, from_turn=turn))  # fmt: skip
+    table.add_row(
+        transcript(original, tokenizer, from_turn=turn), transcript(fork, tokenizer, from_turn=turn)
+    )
     return table
 
 

@@ -123,16 +123,19 @@ def recorded_policy(run_dir: Path, config: RunConfig, kind: str, version: int) -
         return Policy(base, None, f"the run's model ({base})")
     folder = _checkpoint_of(run_dir / "checkpoints", version)
     if folder is not None:
-        label = (f"checkpoint {folder.name} (version {version}, the policy that sampled this "
-                 f"episode)")  # fmt: skip
+        label = (
+            f"checkpoint {folder.name} (version {version}, the policy that sampled this episode)"
+        )
         if (folder / "adapter_config.json").exists():
             return Policy(base, str(folder), label, version)
         return _assembled(folder, base, label, version)
     final = run_dir / "model"
     if final.is_dir():
         newest = newest_version(run_dir / "checkpoints", version)
-        label = (f"the run's final model ({final}, version {newest}); no checkpoint of "
-                 f"version {version}, which sampled this episode, was kept")  # fmt: skip
+        label = (
+            f"the run's final model ({final}, version {newest}); no checkpoint of "
+            f"version {version}, which sampled this episode, was kept"
+        )
         if (final / "adapter_config.json").exists():
             return Policy(base, str(final), label, newest)
         return Policy(str(final), None, label, newest)
@@ -179,8 +182,7 @@ def _assembled(checkpoint: Path, base: str, label: str, version: int) -> Policy:
 def label_version(partial: PartialEpisode, policy: Policy) -> int:
     """The version the continuation's tokens carry: the policy's, or the prefix's newest
     when the policy is older (versions never decrease along a trajectory)."""
-    newest = max((int(s.versions.max()) for s in partial.segments if len(s.versions)),
-                 default=-1)  # fmt: skip
+    newest = max((int(s.versions.max()) for s in partial.segments if len(s.versions)), default=-1)
     return max(policy.version, newest)
 
 
@@ -211,8 +213,9 @@ async def continue_episode(
         # Tokens are labelled with the policy's version; never below the prefix's newest,
         # since versions must not decrease along a trajectory (label_version says so).
         version = label_version(partial, policy)
-        engine = VLLMEngineClient.start(path, config.inference, seed=config.run.seed,
-                                        max_lora_rank=rank, version=version)  # fmt: skip
+        engine = VLLMEngineClient.start(
+            path, config.inference, seed=config.run.seed, max_lora_rank=rank, version=version
+        )
         async with await engine as client:
             if policy.adapter:
                 await client.load_lora_adapter(policy.adapter, version=version)

@@ -142,8 +142,19 @@ class RolloutController:
         finally:
             self.admission.set()
         elapsed = time.perf_counter() - t0
-        stats = UpdateStats(new_version, "keep", str(weights_dir or lora_dir or "push"), elapsed,
-                            elapsed, 0.0, frozen, 0, 0, 0, 0)  # fmt: skip
+        stats = UpdateStats(
+            new_version,
+            "keep",
+            str(weights_dir or lora_dir or "push"),
+            elapsed,
+            elapsed,
+            0.0,
+            frozen,
+            0,
+            0,
+            0,
+            0,
+        )
         return await self._record(stats, self._kind(weights_dir))
 
     async def _update_paused(

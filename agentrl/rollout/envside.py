@@ -85,8 +85,11 @@ class EnvCalls:
                 "resumed by replay or checked with `agentrl replay --verify`. The env likely "
                 "draws from process-wide state such as the `random` module: `%s` shows it "
                 "(it explores from this episode's moves); draw from self.np_random instead",
-                ep.episode_id, env_id, difference, check_env_command(ep.task, ep.env_log, upto),
-            )  # fmt: skip
+                ep.episode_id,
+                env_id,
+                difference,
+                check_env_command(ep.task, ep.env_log, upto),
+            )
 
     async def _close(self, ep: EpisodeState) -> None:
         """Close the env under the env deadline; a failing close must not lose the episode."""
@@ -123,9 +126,14 @@ class EnvCalls:
             messages = [{"role": "system", "content": ep.handle.system_prompt}, *messages]
         tools = ep.toolset.schemas or None
         ep.conversation = await self._render(
-            functools.partial(Conversation, self.tokenizer, messages, tools=tools,
-                              template_kwargs=self.chat.template_kwargs)
-        )  # fmt: skip
+            functools.partial(
+                Conversation,
+                self.tokenizer,
+                messages,
+                tools=tools,
+                template_kwargs=self.chat.template_kwargs,
+            )
+        )
 
     async def _restore(self, ep: EpisodeState, p: PartialEpisode) -> None:
         task = ep.task
@@ -210,9 +218,13 @@ class EnvCalls:
         return await EnvHandle.build(self.make, task.env_id, dict(task.env_kwargs))
 
     async def _env_call(
-        self, timings: Timings, name: str, fn: Callable[..., Any], *args: Any,
+        self,
+        timings: Timings,
+        name: str,
+        fn: Callable[..., Any],
+        *args: Any,
         deadline: bool = True,
-    ) -> Any:  # fmt: skip
+    ) -> Any:
         """Await an env call under the env deadline (unless ``deadline`` is False: a
         remote env waiting for a server, bounded by ``env.reconnect_timeout_s``); its
         failures fail the episode."""
@@ -250,8 +262,10 @@ def remote_failure(error: RemoteEnvError) -> EnvFailure:
 
 def context_full(max_len: int) -> str:
     """The truncation reason when the conversation outgrows the context window."""
-    return (f"context window full ({max_len} tokens): raise inference.max_model_len "
-            "(agentrl rollout --max-model-len N)")  # fmt: skip
+    return (
+        f"context window full ({max_len} tokens): raise inference.max_model_len "
+        "(agentrl rollout --max-model-len N)"
+    )
 
 
 def current_state(log: list[dict[str, Any]], handle: EnvHandle) -> dict[str, Any] | None:
@@ -277,8 +291,13 @@ def log_tool(call: ToolCall, result: ToolResult) -> dict[str, Any]:
 def log_step(
     action: str, obs: Any, reward: float, terminated: bool, truncated: bool
 ) -> dict[str, Any]:
-    return {"action": action, "obs": as_messages(obs), "reward": reward,
-            "terminated": terminated, "truncated": truncated}  # fmt: skip
+    return {
+        "action": action,
+        "obs": as_messages(obs),
+        "reward": reward,
+        "terminated": terminated,
+        "truncated": truncated,
+    }
 
 
 class ContextFull(Exception):
@@ -302,8 +321,10 @@ def _check_observation(obs: Any, env_id: str, where: str) -> None:
             elif m.get("role") not in _ROLES:
                 problem = f"a list whose message {i} has role {m.get('role')!r}"
             elif not isinstance(m.get("content"), str):
-                problem = (f"a list whose message {i} has content of type "
-                           f"{type(m.get('content')).__name__}")  # fmt: skip
+                problem = (
+                    f"a list whose message {i} has content of type "
+                    f"{type(m.get('content')).__name__}"
+                )
             if problem:
                 break
     if problem:

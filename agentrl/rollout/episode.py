@@ -24,8 +24,12 @@ from agentrl.types import FailureKind, Task, Timings
 
 def sampling(config: RolloutConfig, max_tokens: int) -> SamplingConfig:
     """The sampling parameters of one assistant turn under ``config``."""
-    return SamplingConfig(max_tokens=max_tokens, temperature=config.temperature,
-                          top_p=config.top_p, ignore_eos=config.ignore_eos)  # fmt: skip
+    return SamplingConfig(
+        max_tokens=max_tokens,
+        temperature=config.temperature,
+        top_p=config.top_p,
+        ignore_eos=config.ignore_eos,
+    )
 
 
 @dataclasses.dataclass(slots=True)

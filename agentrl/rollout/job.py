@@ -83,8 +83,9 @@ def recorded_config(store: EpisodeStore) -> tuple[RunConfig, dict[str, Any]]:
         ) from None
 
 
-def resumed_job(out_dir: Path, env_id: str | None = None, *,
-                kind: str = ROLLOUT_KIND) -> RolloutJob:  # fmt: skip
+def resumed_job(
+    out_dir: Path, env_id: str | None = None, *, kind: str = ROLLOUT_KIND
+) -> RolloutJob:
     """The job recorded in ``out_dir``'s store, to continue it (``kind``: the command
     that must have written it, "rollout" or "eval")."""
     if not (out_dir / STORE_FILE).exists():
@@ -97,9 +98,14 @@ def resumed_job(out_dir: Path, env_id: str | None = None, *,
         if not runs or runs[0]["kind"] != kind:
             raise ConfigError(f"--resume: {str(out_dir)!r} was not written by `agentrl {kind}`")
         config, extras = recorded_config(store)
-    job = RolloutJob(config=config, episodes=int(extras["episodes"]), out_dir=out_dir,
-                     kind=kind, adapter=extras.get("adapter"),
-                     source=str(extras.get("source", "")))  # fmt: skip
+    job = RolloutJob(
+        config=config,
+        episodes=int(extras["episodes"]),
+        out_dir=out_dir,
+        kind=kind,
+        adapter=extras.get("adapter"),
+        source=str(extras.get("source", "")),
+    )
     if env_id is not None and env_id != job.env_id:
         raise ConfigError(
             f"--resume: {str(out_dir)!r} is a{'n' if kind == 'eval' else ''} {kind} of "
@@ -129,8 +135,11 @@ async def run_rollout(job: RolloutJob, *, resume: bool = False) -> dict[str, Any
     store = EpisodeStore.open(out)
     store.begin_run(job.kind, job.settings())
     states = store.task_states()
-    all_tasks = list(tasks_for(job.env_id, job.episodes // group_size,
-                               first_seed=cfg.env.first_seed, **cfg.env.kwargs))  # fmt: skip
+    all_tasks = list(
+        tasks_for(
+            job.env_id, job.episodes // group_size, first_seed=cfg.env.first_seed, **cfg.env.kwargs
+        )
+    )
     todo = [t for t in all_tasks if states.get(t.task_id, "pending") == "pending"]
     already = (len(all_tasks) - len(todo)) * group_size
     summary: dict[str, Any] = {}
@@ -141,15 +150,16 @@ async def run_rollout(job: RolloutJob, *, resume: bool = False) -> dict[str, Any
                     f"a LoRA adapter ({job.adapter}) is served in engine mode only; "
                     f'set --inference.mode="engine"'
                 )
-            async with await VLLMServer.start(path, cfg.inference, seed=cfg.run.seed,
-                                              log_dir=out / "logs") as server:  # fmt: skip
+            async with await VLLMServer.start(
+                path, cfg.inference, seed=cfg.run.seed, log_dir=out / "logs"
+            ) as server:
                 async with VLLMServerClient(server.url, cfg.inference) as client:
                     summary = await _run(job, client, tokenizer, store, todo, already, resume)
         else:
             rank = max(16, cfg.trainer.lora.r) if job.adapter else None
-            async with await VLLMEngineClient.start(path, cfg.inference, seed=cfg.run.seed,
-                                                    max_lora_rank=rank,
-                                                    log_dir=out / "logs") as client:  # fmt: skip
+            async with await VLLMEngineClient.start(
+                path, cfg.inference, seed=cfg.run.seed, max_lora_rank=rank, log_dir=out / "logs"
+            ) as client:
                 if job.adapter:
                     await client.load_lora_adapter(job.adapter, version=0)
                 summary = await _run(job, client, tokenizer, store, todo, already, resume)
@@ -161,8 +171,15 @@ async def run_rollout(job: RolloutJob, *, resume: bool = False) -> dict[str, Any
     return summary
 
 
-async def _run(job: RolloutJob, client: Any, tokenizer: Any, store: EpisodeStore,
-               todo: list[Task], already: int, resume: bool) -> dict[str, Any]:  # fmt: skip
+async def _run(
+    job: RolloutJob,
+    client: Any,
+    tokenizer: Any,
+    store: EpisodeStore,
+    todo: list[Task],
+    already: int,
+    resume: bool,
+) -> dict[str, Any]:
     """The episodes still to do, through one scheduler, with the progress bar (their
     envs on the env servers of ``[env] url``/``urls``, if the config names some)."""
     cfg = job.config
@@ -176,9 +193,16 @@ async def _run(job: RolloutJob, client: Any, tokenizer: Any, store: EpisodeStore
         return await _run_scheduler(job, client, tokenizer, store, todo, already, resume, extra)
 
 
-async def _run_scheduler(job: RolloutJob, client: Any, tokenizer: Any, store: EpisodeStore,
-                         todo: list[Task], already: int, resume: bool,
-                         extra: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+async def _run_scheduler(
+    job: RolloutJob,
+    client: Any,
+    tokenizer: Any,
+    store: EpisodeStore,
+    todo: list[Task],
+    already: int,
+    resume: bool,
+    extra: dict[str, Any],
+) -> dict[str, Any]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from agentrl.metrics import LoopLagMonitor, tune_gc
@@ -189,18 +213,29 @@ async def _run_scheduler(job: RolloutJob, client: Any, tokenizer: Any, store: Ep
 
     cfg = job.config
     async with StoreWriter(store) as writer, contextlib.AsyncExitStack() as stack:
-        runner = await open_runner(stack, client, tokenizer, cfg.rollout, model=cfg.model,
-                                   imports=cfg.env.imports, checkpoint=writer.partial,
-                                   make=extra.get("make"))  # fmt: skip
+        runner = await open_runner(
+            stack,
+            client,
+            tokenizer,
+            cfg.rollout,
+            model=cfg.model,
+            imports=cfg.env.imports,
+            checkpoint=writer.partial,
+            make=extra.get("make"),
+        )
         queue = TrajectoryQueue(max(job.episodes // cfg.rollout.group_size, 1))
         tune_gc()
         done = {"episodes": already}
         with Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[stats]}"), TimeElapsedColumn(),
-        ) as progress:  # fmt: skip
-            bar = progress.add_task(job.env_id, total=job.episodes, completed=already,
-                                    stats="resumed" if resume else "")  # fmt: skip
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[stats]}"),
+            TimeElapsedColumn(),
+        ) as progress:
+            bar = progress.add_task(
+                job.env_id, total=job.episodes, completed=already, stats="resumed" if resume else ""
+            )
             started = time.perf_counter()
 
             def on_group(group: Group) -> None:
@@ -208,18 +243,26 @@ async def _run_scheduler(job: RolloutJob, client: Any, tokenizer: Any, store: Ep
                 counters = runner.metrics.counters
                 rate = counters["tokens_sampled"] / max(time.perf_counter() - started, 1e-9)
                 errors = {k.split("/", 1)[1]: v for k, v in counters.items() if "/" in k}
-                progress.update(bar, completed=done["episodes"],
-                                stats=f"{rate:,.0f} tok/s  errors {errors or 0}")  # fmt: skip
+                progress.update(
+                    bar,
+                    completed=done["episodes"],
+                    stats=f"{rate:,.0f} tok/s  errors {errors or 0}",
+                )
 
-            scheduler = Scheduler(runner, queue, cfg.rollout, on_group=on_group, writer=writer,
-                                  resume=resume)  # fmt: skip
+            scheduler = Scheduler(
+                runner, queue, cfg.rollout, on_group=on_group, writer=writer, resume=resume
+            )
             async with LoopLagMonitor(runner.metrics):
                 await scheduler.run(todo)
             elapsed = time.perf_counter() - started
     snap = runner.metrics.snapshot()
     tokens = snap.get("tokens_sampled", 0)
-    return {"tokens_sampled": tokens, "tokens_per_s": tokens / elapsed, "wall_s": elapsed,
-            "metrics": snap}  # fmt: skip
+    return {
+        "tokens_sampled": tokens,
+        "tokens_per_s": tokens / elapsed,
+        "wall_s": elapsed,
+        "metrics": snap,
+    }
 
 
 def _export(store: EpisodeStore, out: Path) -> dict[str, Any]:

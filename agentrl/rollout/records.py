@@ -83,13 +83,19 @@ def trajectory_of(
 ) -> Trajectory:
     """Segment ``index`` of the episode's conversation as a trajectory (None: no render)."""
     if conversation is None:
-        arrays: dict[str, Any] = dict(token_ids=[], logprobs=[], versions=[], loss_mask=[],
-                                      spans=())  # fmt: skip
+        arrays: dict[str, Any] = dict(
+            token_ids=[], logprobs=[], versions=[], loss_mask=[], spans=()
+        )
         messages: list[dict[str, Any]] = []
     else:
         seg = conversation.segments[index]
-        arrays = dict(token_ids=seg.token_ids, logprobs=seg.logprobs, versions=seg.versions,
-                      loss_mask=seg.loss_mask, spans=tuple(seg.spans))  # fmt: skip
+        arrays = dict(
+            token_ids=seg.token_ids,
+            logprobs=seg.logprobs,
+            versions=seg.versions,
+            loss_mask=seg.loss_mask,
+            spans=tuple(seg.spans),
+        )
         messages = conversation.messages
     return Trajectory(
         episode_id=ep.episode_id,

@@ -281,8 +281,9 @@ class EpisodeRunner(EnvCalls):
         ep.timings.total_s = time.perf_counter() - t_start
         return self._finish(ep, status, reason, failure)
 
-    async def _tool_turn(self, ep: EpisodeState, parsed: ParsedTurn,
-                         max_len: int) -> tuple[EpisodeStatus, str] | None:  # fmt: skip
+    async def _tool_turn(
+        self, ep: EpisodeState, parsed: ParsedTurn, max_len: int
+    ) -> tuple[EpisodeStatus, str] | None:
         """Run a turn's tool calls and append their results; how the episode ended, if."""
         assert ep.toolset is not None and ep.conversation is not None
         limit = self.config.max_tool_calls
@@ -309,8 +310,9 @@ class EpisodeRunner(EnvCalls):
             return "truncated", context_full(max_len)
         return None
 
-    async def _env_turn(self, ep: EpisodeState, text: str,
-                        max_len: int) -> tuple[EpisodeStatus, str] | None:  # fmt: skip
+    async def _env_turn(
+        self, ep: EpisodeState, text: str, max_len: int
+    ) -> tuple[EpisodeStatus, str] | None:
         """Step the env with the turn's text and append its reply; how it ended, if."""
         assert ep.conversation is not None
         ep.progress.set_phase("env")
@@ -328,8 +330,9 @@ class EpisodeRunner(EnvCalls):
             return "truncated", context_full(max_len)
         return None
 
-    def _finish(self, ep: EpisodeState, status: EpisodeStatus, reason: str,
-                failure: FailureKind | None) -> list[Trajectory]:  # fmt: skip
+    def _finish(
+        self, ep: EpisodeState, status: EpisodeStatus, reason: str, failure: FailureKind | None
+    ) -> list[Trajectory]:
         """Count the ending; the episode's trajectories (one per template segment)."""
         self.metrics.count(f"episodes_{status}")
         conversation = ep.conversation

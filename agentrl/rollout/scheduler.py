@@ -184,8 +184,12 @@ class Scheduler:
                 )
                 for i in range(size)
             ]
-        group = Group(task, size, [t for episode in episodes for t in episode.result()],
-                      admitted_at=admitted_at)  # fmt: skip
+        group = Group(
+            task,
+            size,
+            [t for episode in episodes for t in episode.result()],
+            admitted_at=admitted_at,
+        )
         self.groups_done += 1
         self.metrics.count("groups_done")
         if self.writer is not None:

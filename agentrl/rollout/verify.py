@@ -46,8 +46,12 @@ def verify_log(env: Any, task: Task, log: list[dict[str, Any]]) -> VerifyResult:
                 where = f"entry {i} (tool call {entry['tool']}({short(entry['arguments'], 60)}))"
             else:
                 obs, reward, terminated, truncated, _ = env.step(entry["action"])
-                now = {"obs": obs, "reward": float(reward), "terminated": bool(terminated),
-                       "truncated": bool(truncated)}  # fmt: skip
+                now = {
+                    "obs": obs,
+                    "reward": float(reward),
+                    "terminated": bool(terminated),
+                    "truncated": bool(truncated),
+                }
                 where = f"step {i} (action {short(entry['action'])})"
             problem = _compare(entry, now, env, where)
             if problem:

@@ -42,9 +42,13 @@ MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_MOVE, MS_REC = 1024, 2048, 4096, 8192, 16
 MS_RELATIME = 1 << 21
 # Flags a bind mount in a user namespace must keep (the kernel locks them).
 LOCKED_FLAGS = {
-    os.ST_NOSUID: MS_NOSUID, os.ST_NODEV: MS_NODEV, os.ST_NOEXEC: MS_NOEXEC,
-    os.ST_NOATIME: MS_NOATIME, os.ST_NODIRATIME: MS_NODIRATIME, os.ST_RELATIME: MS_RELATIME,
-}  # fmt: skip
+    os.ST_NOSUID: MS_NOSUID,
+    os.ST_NODEV: MS_NODEV,
+    os.ST_NOEXEC: MS_NOEXEC,
+    os.ST_NOATIME: MS_NOATIME,
+    os.ST_NODIRATIME: MS_NODIRATIME,
+    os.ST_RELATIME: MS_RELATIME,
+}
 CLONE_NEWNS, CLONE_NEWUSER = 0x00020000, 0x10000000
 NOBODY = 65534
 
@@ -185,8 +189,11 @@ def _enter_user_namespace(inner: int, outer: int, flags: int, drop: bool = True)
     """Become uid and gid ``inner`` of a new user namespace where that is ``outer`` of
     this one; unless ``drop`` is False, with no capabilities left in any namespace."""
     _call(f"unshare({flags:#x})", _libc().unshare(flags))
-    for name, line in (("setgroups", "deny"), ("uid_map", f"{inner} {outer} 1"),
-                       ("gid_map", f"{inner} {outer} 1")):  # fmt: skip
+    for name, line in (
+        ("setgroups", "deny"),
+        ("uid_map", f"{inner} {outer} 1"),
+        ("gid_map", f"{inner} {outer} 1"),
+    ):
         with open(f"/proc/self/{name}", "w") as f:
             f.write(line)
     if drop:
@@ -229,10 +236,13 @@ def _check_sealed() -> None:
 
 def set_limits(limits: dict) -> None:
     for name, value in (
-        ("RLIMIT_CPU", limits["cpu_s"]), ("RLIMIT_AS", limits["memory_bytes"]),
-        ("RLIMIT_FSIZE", limits["max_file_bytes"]), ("RLIMIT_NOFILE", limits["max_open_files"]),
-        ("RLIMIT_NPROC", limits["max_processes"]), ("RLIMIT_CORE", 0),
-    ):  # fmt: skip
+        ("RLIMIT_CPU", limits["cpu_s"]),
+        ("RLIMIT_AS", limits["memory_bytes"]),
+        ("RLIMIT_FSIZE", limits["max_file_bytes"]),
+        ("RLIMIT_NOFILE", limits["max_open_files"]),
+        ("RLIMIT_NPROC", limits["max_processes"]),
+        ("RLIMIT_CORE", 0),
+    ):
         kind = getattr(resource, name)
         soft = hard = value
         if name == "RLIMIT_CPU":  # SIGXCPU at the limit, SIGKILL a second later
@@ -249,30 +259,78 @@ def set_limits(limits: dict) -> None:
 
 # syscall: (x86-64 number, arm64 number); None where the architecture has no such call
 SYSCALLS: dict[str, tuple[int | None, int | None]] = {
-    "execve": (59, 221), "execveat": (322, 281), "fork": (57, None), "vfork": (58, None),
-    "clone": (56, 220), "clone3": (435, 435), "kill": (62, 129), "tkill": (200, 130),
-    "tgkill": (234, 131), "rt_sigqueueinfo": (129, 138), "rt_tgsigqueueinfo": (297, 240),
-    "ptrace": (101, 117), "process_vm_readv": (310, 270), "process_vm_writev": (311, 271),
-    "process_madvise": (440, 440), "pidfd_open": (434, 434), "pidfd_send_signal": (424, 424),
-    "pidfd_getfd": (438, 438), "mount": (165, 40), "umount2": (166, 39),
-    "pivot_root": (155, 41), "chroot": (161, 51), "unshare": (272, 97), "setns": (308, 268),
-    "open_tree": (428, 428), "move_mount": (429, 429), "fsopen": (430, 430),
-    "fsconfig": (431, 431), "fsmount": (432, 432), "fspick": (433, 433),
-    "mount_setattr": (442, 442), "keyctl": (250, 219), "add_key": (248, 217),
-    "request_key": (249, 218), "bpf": (321, 280), "perf_event_open": (298, 241),
-    "userfaultfd": (323, 282), "io_uring_setup": (425, 425), "io_uring_enter": (426, 426),
-    "io_uring_register": (427, 427), "open_by_handle_at": (304, 265),
-    "name_to_handle_at": (303, 264), "kexec_load": (246, 104), "kexec_file_load": (320, 294),
-    "init_module": (175, 105), "finit_module": (313, 273), "delete_module": (176, 106),
-    "setrlimit": (160, 164), "prlimit64": (302, 261), "quotactl": (179, 60),
-    "acct": (163, 89), "swapon": (167, 224), "swapoff": (168, 225), "reboot": (169, 142),
-    "syslog": (103, 116), "socket": (41, 198),
-}  # fmt: skip
+    "execve": (59, 221),
+    "execveat": (322, 281),
+    "fork": (57, None),
+    "vfork": (58, None),
+    "clone": (56, 220),
+    "clone3": (435, 435),
+    "kill": (62, 129),
+    "tkill": (200, 130),
+    "tgkill": (234, 131),
+    "rt_sigqueueinfo": (129, 138),
+    "rt_tgsigqueueinfo": (297, 240),
+    "ptrace": (101, 117),
+    "process_vm_readv": (310, 270),
+    "process_vm_writev": (311, 271),
+    "process_madvise": (440, 440),
+    "pidfd_open": (434, 434),
+    "pidfd_send_signal": (424, 424),
+    "pidfd_getfd": (438, 438),
+    "mount": (165, 40),
+    "umount2": (166, 39),
+    "pivot_root": (155, 41),
+    "chroot": (161, 51),
+    "unshare": (272, 97),
+    "setns": (308, 268),
+    "open_tree": (428, 428),
+    "move_mount": (429, 429),
+    "fsopen": (430, 430),
+    "fsconfig": (431, 431),
+    "fsmount": (432, 432),
+    "fspick": (433, 433),
+    "mount_setattr": (442, 442),
+    "keyctl": (250, 219),
+    "add_key": (248, 217),
+    "request_key": (249, 218),
+    "bpf": (321, 280),
+    "perf_event_open": (298, 241),
+    "userfaultfd": (323, 282),
+    "io_uring_setup": (425, 425),
+    "io_uring_enter": (426, 426),
+    "io_uring_register": (427, 427),
+    "open_by_handle_at": (304, 265),
+    "name_to_handle_at": (303, 264),
+    "kexec_load": (246, 104),
+    "kexec_file_load": (320, 294),
+    "init_module": (175, 105),
+    "finit_module": (313, 273),
+    "delete_module": (176, 106),
+    "setrlimit": (160, 164),
+    "prlimit64": (302, 261),
+    "quotactl": (179, 60),
+    "acct": (163, 89),
+    "swapon": (167, 224),
+    "swapoff": (168, 225),
+    "reboot": (169, 142),
+    "syslog": (103, 116),
+    "socket": (41, 198),
+}
 DENIED = tuple(
-    name for name in SYSCALLS
-    if name not in {"clone", "clone3", "kill", "tgkill", "rt_sigqueueinfo",
-                    "rt_tgsigqueueinfo", "prlimit64", "socket"}
-)  # fmt: skip
+    name
+    for name in SYSCALLS
+    if name
+    not in {
+        "clone",
+        "clone3",
+        "kill",
+        "tgkill",
+        "rt_sigqueueinfo",
+        "rt_tgsigqueueinfo",
+        "prlimit64",
+        "socket",
+    }
+)
 SELF_SIGNALS = ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo")
 ARCHES = {"x86_64": (0xC000003E, 0), "aarch64": (0xC00000B7, 1)}  # AUDIT_ARCH_*, column
 CLONE_THREAD, CLONE_NAMESPACES = 0x00010000, 0x7E020000
@@ -299,23 +357,40 @@ def seccomp_program(
             prog += [(_JEQ, 0, 1, nr[name]), deny]
     prog += [(_JEQ, 0, 1, nr["clone3"]), (_RET, 0, 0, _ERRNO | ENOSYS)]  # libc falls back
     prog += [
-        (_JEQ, 0, 5, nr["clone"]), (_LD, 0, 0, _ARG0),
-        (_JSET, 2, 0, CLONE_NAMESPACES), (_JSET, 0, 1, CLONE_THREAD),
-        (_RET, 0, 0, _ALLOW), deny,
-    ]  # fmt: skip
+        (_JEQ, 0, 5, nr["clone"]),
+        (_LD, 0, 0, _ARG0),
+        (_JSET, 2, 0, CLONE_NAMESPACES),
+        (_JSET, 0, 1, CLONE_THREAD),
+        (_RET, 0, 0, _ALLOW),
+        deny,
+    ]
     for name in SELF_SIGNALS:
-        prog += [(_JEQ, 0, 4, nr[name]), (_LD, 0, 0, _ARG0), (_JEQ, 0, 1, pid),
-                 (_RET, 0, 0, _ALLOW), deny]  # fmt: skip
+        prog += [
+            (_JEQ, 0, 4, nr[name]),
+            (_LD, 0, 0, _ARG0),
+            (_JEQ, 0, 1, pid),
+            (_RET, 0, 0, _ALLOW),
+            deny,
+        ]
     prog += [
-        (_JEQ, 0, 6, nr["prlimit64"]), (_LD, 0, 0, _ARG2), (_JEQ, 0, 3, 0),
-        (_LD, 0, 0, _ARG2_HIGH), (_JEQ, 0, 1, 0), (_RET, 0, 0, _ALLOW), deny,
-    ]  # fmt: skip
+        (_JEQ, 0, 6, nr["prlimit64"]),
+        (_LD, 0, 0, _ARG2),
+        (_JEQ, 0, 3, 0),
+        (_LD, 0, 0, _ARG2_HIGH),
+        (_JEQ, 0, 1, 0),
+        (_RET, 0, 0, _ALLOW),
+        deny,
+    ]
     return [*prog, (_RET, 0, 0, _ALLOW)]
 
 
 class _SockFilter(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8),
-                ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]  # fmt: skip
+    _fields_ = [
+        ("code", ctypes.c_uint16),
+        ("jt", ctypes.c_uint8),
+        ("jf", ctypes.c_uint8),
+        ("k", ctypes.c_uint32),
+    ]
 
 
 class _SockFprog(ctypes.Structure):
@@ -338,14 +413,37 @@ def install_seccomp(network: bool) -> bool:
 # ---------------------------------------------------------------------------------
 # 5. The audit hook (defence in depth)
 
-PATH_EVENTS = {"os.remove": 1, "os.rmdir": 1, "os.mkdir": 1, "os.chmod": 1, "os.chown": 1,
-               "os.truncate": 1, "os.utime": 1, "os.rename": 2, "os.link": 2,
-               "os.symlink": 2}  # fmt: skip
-REFUSED = frozenset({
-    "os.fork", "os.forkpty", "subprocess.Popen", "os.system", "os.exec", "os.posix_spawn",
-    "os.spawn", "os.kill", "os.killpg", "ctypes.dlopen", "ctypes.dlsym",
-    "ctypes.call_function", "gc.get_objects", "gc.get_referrers", "gc.get_referents",
-})  # fmt: skip
+PATH_EVENTS = {
+    "os.remove": 1,
+    "os.rmdir": 1,
+    "os.mkdir": 1,
+    "os.chmod": 1,
+    "os.chown": 1,
+    "os.truncate": 1,
+    "os.utime": 1,
+    "os.rename": 2,
+    "os.link": 2,
+    "os.symlink": 2,
+}
+REFUSED = frozenset(
+    {
+        "os.fork",
+        "os.forkpty",
+        "subprocess.Popen",
+        "os.system",
+        "os.exec",
+        "os.posix_spawn",
+        "os.spawn",
+        "os.kill",
+        "os.killpg",
+        "ctypes.dlopen",
+        "ctypes.dlsym",
+        "ctypes.call_function",
+        "gc.get_objects",
+        "gc.get_referrers",
+        "gc.get_referents",
+    }
+)
 NETWORK_EVENTS = frozenset({"socket.connect", "socket.bind", "socket.sendto", "socket.getaddrinfo"})
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 

@@ -99,9 +99,13 @@ def inside_source() -> str:
 def environment(workdir: str) -> dict[str, str]:
     """The whole environment of a run: nothing of the parent's (its secrets)."""
     return {
-        "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir,
-        "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
-    }  # fmt: skip
+        "PATH": "/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        "HOME": workdir,
+        "TMPDIR": workdir,
+        "OPENBLAS_NUM_THREADS": "1",
+        "OMP_NUM_THREADS": "1",
+    }
 
 
 def command(
@@ -112,19 +116,33 @@ def command(
     ``bwrap``."""
     workdir = host_dir if mechanism == "process" else WORKDIR
     spec: dict[str, object] = {
-        "mechanism": mechanism, "workdir": workdir, "network": policy.network,
+        "mechanism": mechanism,
+        "workdir": workdir,
+        "network": policy.network,
         "audit_hook": policy.audit_hook,
         "disk": {"bytes": limits.max_disk_bytes, "files": limits.max_files},
         "paths": site_packages(),
-        "limits": {name: getattr(limits, name) for name in (
-            "cpu_s", "memory_bytes", "max_file_bytes", "max_open_files", "max_processes")},
-    }  # fmt: skip
+        "limits": {
+            name: getattr(limits, name)
+            for name in (
+                "cpu_s",
+                "memory_bytes",
+                "max_file_bytes",
+                "max_open_files",
+                "max_processes",
+            )
+        },
+    }
     if mechanism != "process":
         spec["host_uid"] = host_uid()
     if mechanism == "unshare":
         view = system_view(policy.network)
-        spec["root"] = {"mountpoint": host_dir, "binds": view.binds,
-                        "symlinks": view.symlinks, "devices": DEVICES}  # fmt: skip
+        spec["root"] = {
+            "mountpoint": host_dir,
+            "binds": view.binds,
+            "symlinks": view.symlinks,
+            "devices": DEVICES,
+        }
     # -S: no site module; the venv's .pth start-up hooks (an editable install's finder)
     # would double the start-up. Its site-packages go on sys.path inside instead.
     python = [sys.executable, "-I", "-S", "-B", "-c", inside_source()]
@@ -140,15 +158,28 @@ def command(
 
 def _bwrap(limits: SandboxLimits, policy: SandboxPolicy, env: dict[str, str]) -> list[str]:
     view = system_view(policy.network)
-    argv = [shutil.which("bwrap") or "bwrap", "--unshare-pid",
-            "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]  # fmt: skip
+    argv = [
+        shutil.which("bwrap") or "bwrap",
+        "--unshare-pid",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+    ]
     if not policy.network:
         argv.append("--unshare-net")
     if host_uid() is None:
         argv += ["--unshare-user", "--uid", "65534", "--gid", "65534", "--cap-drop", "ALL"]
     else:  # as root: only what the program needs to become HOST_UID, gone right after
-        argv += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
-                 "--cap-add", "CAP_SETPCAP"]  # fmt: skip
+        argv += [
+            "--cap-drop",
+            "ALL",
+            "--cap-add",
+            "CAP_SETUID",
+            "--cap-add",
+            "CAP_SETGID",
+            "--cap-add",
+            "CAP_SETPCAP",
+        ]
     argv += ["--hostname", "sandbox", "--die-with-parent", "--new-session", "--clearenv"]
     for key, value in env.items():
         argv += ["--setenv", key, value]
@@ -173,6 +204,15 @@ def _unshare(policy: SandboxPolicy) -> list[str]:
     # As root, no user namespace here: the program builds its root as real root, then
     # drops to HOST_UID (inside.enter_new_root); otherwise it is root of a new one.
     user = ["--user", "--map-root-user"] if host_uid() is None else []
-    argv = [shutil.which("unshare") or "unshare", *user, "--mount",
-            "--pid", "--fork", "--kill-child", "--ipc", "--uts", "--cgroup"]  # fmt: skip
+    argv = [
+        shutil.which("unshare") or "unshare",
+        *user,
+        "--mount",
+        "--pid",
+        "--fork",
+        "--kill-child",
+        "--ipc",
+        "--uts",
+        "--cgroup",
+    ]
     return argv if policy.network else [*argv, "--net"]

@@ -100,9 +100,14 @@ def probe(mechanism: Mechanism) -> str | None:
         cmd = command(mechanism, host_dir, limits, policy)
         try:
             done = subprocess.run(
-                cmd.argv, cwd=cmd.cwd, env=cmd.env, input=b"print('sandbox ok')",
-                capture_output=True, timeout=_PROBE_TIMEOUT_S, start_new_session=True,
-            )  # fmt: skip
+                cmd.argv,
+                cwd=cmd.cwd,
+                env=cmd.env,
+                input=b"print('sandbox ok')",
+                capture_output=True,
+                timeout=_PROBE_TIMEOUT_S,
+                start_new_session=True,
+            )
         except (OSError, subprocess.TimeoutExpired) as e:
             return f"{mechanism} failed to start: {e}"
     if done.returncode == 0 and done.stdout.strip() == b"sandbox ok":
@@ -125,8 +130,11 @@ def _announce(mechanism: Mechanism, failures: tuple[str, ...]) -> None:
     else:
         logger.warning(
             "sandbox: no OS isolation available%s; model-written code runs, as isolation "
-            "'fallback' allows, as %s. To fix: %s.", why, DESCRIPTIONS[mechanism], INSTALL_HINT,
-        )  # fmt: skip
+            "'fallback' allows, as %s. To fix: %s.",
+            why,
+            DESCRIPTIONS[mechanism],
+            INSTALL_HINT,
+        )
 
 
 def resolve(policy: SandboxPolicy) -> Mechanism:
@@ -185,10 +193,14 @@ async def run_python(code: str, limits: SandboxLimits, policy: SandboxPolicy) ->
     with made as host_dir:
         cmd = command(mechanism, host_dir, limits, policy)
         proc = await asyncio.create_subprocess_exec(
-            *cmd.argv, cwd=cmd.cwd, env=cmd.env, stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+            *cmd.argv,
+            cwd=cmd.cwd,
+            env=cmd.env,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,
-        )  # fmt: skip
+        )
         output, truncated, timed_out = bytearray(), False, False
         try:
             async with asyncio.timeout(limits.wall_s):

@@ -32,8 +32,10 @@ def audit_store(store: EpisodeStore) -> dict[str, Any]:
     """
     q: Query = store._query
     tasks = _counts(q, "SELECT state, COUNT(*) AS n FROM tasks GROUP BY state")
-    episodes = _counts(q, "SELECT e.state, COUNT(*) AS n FROM episodes e "
-                          f"WHERE {run_episode('e')} GROUP BY e.state")  # fmt: skip
+    episodes = _counts(
+        q,
+        f"SELECT e.state, COUNT(*) AS n FROM episodes e WHERE {run_episode('e')} GROUP BY e.state",
+    )
     lost, twice = _lost(q), _trained_twice(q)
     return {
         "tasks": sum(tasks.values()),

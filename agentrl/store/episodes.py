@@ -162,9 +162,17 @@ class EpisodeStore:
         """:meth:`add_tasks` for ``(task, group_size)`` pairs, in order, in one statement
         run for all of them (``executemany``: the store writer's batches). Each new task
         takes the next position (the largest so far, through its index, plus one)."""
-        rows = [(task.task_id, task.env_id, task.seed,
-                 None if task.options is None else dump_json(task.options),
-                 dump_json(task.env_kwargs), group_size) for task, group_size in tasks]  # fmt: skip
+        rows = [
+            (
+                task.task_id,
+                task.env_id,
+                task.seed,
+                None if task.options is None else dump_json(task.options),
+                dump_json(task.env_kwargs),
+                group_size,
+            )
+            for task, group_size in tasks
+        ]
         if not rows:
             return 0
         with self._tx() as db:
@@ -205,9 +213,11 @@ class EpisodeStore:
                 "started_version, updated_at) VALUES (?, ?, ?, ?, 'running', ?, ?) "
                 "ON CONFLICT (episode_id, attempt) DO UPDATE SET state = 'running', "
                 "updated_at = excluded.updated_at",
-                [(episode_id, attempt, task.task_id, task.env_id, version, now)
-                 for episode_id, task, attempt, version in starts],
-            )  # fmt: skip
+                [
+                    (episode_id, attempt, task.task_id, task.env_id, version, now)
+                    for episode_id, task, attempt, version in starts
+                ],
+            )
 
     def save_partials(self, partials: Sequence[PartialEpisode | PartialRow]) -> None:
         """Checkpoint unfinished episodes, all in one transaction (replacing older ones).
@@ -223,7 +233,7 @@ class EpisodeStore:
                 "INSERT OR REPLACE INTO partials (episode_id, attempt, version, written_at, "
                 "token_ids, logprobs, versions, loss_mask, meta) VALUES (?,?,?,?,?,?,?,?,?)",
                 [(r.episode_id, r.attempt, r.version, now, *r.columns) for r in rows],
-            )  # fmt: skip
+            )
             db.executemany(
                 "UPDATE episodes SET state = 'paused', updated_at = ? "
                 "WHERE episode_id = ? AND attempt = ?",
@@ -273,12 +283,34 @@ class EpisodeStore:
             for t in trajectories:
                 columns = columns_of(t)
                 first_lo = columns[0] if first_lo is None else first_lo
-                segments.append((t.episode_id, t.attempt, t.segment, t.task_id, t.env_id,
-                                 t.status, t.reward, *columns, now))  # fmt: skip
+                segments.append(
+                    (
+                        t.episode_id,
+                        t.attempt,
+                        t.segment,
+                        t.task_id,
+                        t.env_id,
+                        t.status,
+                        t.reward,
+                        *columns,
+                        now,
+                    )
+                )
             # started_version: the first segment's oldest sampled version (as it was)
-            ends.append((first.episode_id, first.attempt, first.task_id, first.env_id,
-                         "retried" if retried else first.status, first_lo, now, first.reward,
-                         first.reason, origin))  # fmt: skip
+            ends.append(
+                (
+                    first.episode_id,
+                    first.attempt,
+                    first.task_id,
+                    first.env_id,
+                    "retried" if retried else first.status,
+                    first_lo,
+                    now,
+                    first.reward,
+                    first.reason,
+                    origin,
+                )
+            )
         with self._tx() as db:
             db.executemany(
                 "INSERT OR REPLACE INTO trajectories (episode_id, attempt, segment, task_id, "
@@ -296,8 +328,7 @@ class EpisodeStore:
                 "reason = excluded.reason",
                 ends,
             )
-            db.executemany("DELETE FROM partials WHERE episode_id = ?",
-                           [(e[0],) for e in ends])  # fmt: skip
+            db.executemany("DELETE FROM partials WHERE episode_id = ?", [(e[0],) for e in ends])
 
     def drop_episode(self, episode_id: str, attempt: int, reason: str) -> None:
         """Record that an unfinished attempt was discarded (it will be run again)."""

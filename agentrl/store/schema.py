@@ -128,8 +128,12 @@ CREATE TABLE IF NOT EXISTS versions (
 INDEXES_ADDED = "CREATE INDEX IF NOT EXISTS tasks_by_position ON tasks(position)"
 """Indexes created in a store made before they were part of :data:`SCHEMA_SQL`."""
 
-ARRAY_DTYPES = {"token_ids": "int32", "logprobs": "float32", "versions": "int32",
-                "loss_mask": "int8"}  # fmt: skip
+ARRAY_DTYPES = {
+    "token_ids": "int32",
+    "logprobs": "float32",
+    "versions": "int32",
+    "loss_mask": "int8",
+}
 
 
 # -- which episodes count ---------------------------------------------------------------
@@ -266,8 +270,10 @@ class PartialRow:
     @classmethod
     def of(cls, p: PartialEpisode) -> PartialRow:
         arrays = p.concatenated()
-        columns = (*(encode_array(arrays[k], d) for k, d in ARRAY_DTYPES.items()),
-                   dump_json(p.meta()))  # fmt: skip
+        columns = (
+            *(encode_array(arrays[k], d) for k, d in ARRAY_DTYPES.items()),
+            dump_json(p.meta()),
+        )
         return cls(p.episode_id, p.attempt, p.version, columns)  # type: ignore[arg-type]
 
 

@@ -282,9 +282,11 @@ class StoreWriter:
 
         # In this order (see above): tasks, starts, ends, groups.
         lifecycle_writes: list[tuple[list[Any], Any]] = [
-            (tasks, store.add_sized_tasks), (starts, store.episodes_started),
-            (ends, store.save_episodes), (groups, store.complete_groups),
-        ]  # fmt: skip
+            (tasks, store.add_sized_tasks),
+            (starts, store.episodes_started),
+            (ends, store.save_episodes),
+            (groups, store.complete_groups),
+        ]
 
         def write_lifecycles() -> None:
             for pending, write in lifecycle_writes:

@@ -186,8 +186,7 @@ class ToolSet:
                 try:
                     await aclose()
                 except Exception as e:  # the episode's result stands; say what failed
-                    logger.warning("closing tool %s failed: %s: %s", tool.name,
-                                   type(e).__name__, e)  # fmt: skip
+                    logger.warning("closing tool %s failed: %s: %s", tool.name, type(e).__name__, e)
 
     def parse(
         self, text: str, parser: ToolCallParser, *, finish_reason: str = "stop", turn: int = 0

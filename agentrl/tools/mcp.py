@@ -97,16 +97,25 @@ class MCPTool(Tool):
     connection of its own (:meth:`for_episode`) and closes it with :meth:`aclose`.
     """
 
-    def __init__(self, target: _Target, spec: Mapping[str, Any], *, timeout_s: float | None,
-                 connection: _Connection | None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        target: _Target,
+        spec: Mapping[str, Any],
+        *,
+        timeout_s: float | None,
+        connection: _Connection | None,
+    ) -> None:
         self.target = target
         self.name = str(spec["name"])
         parameters = spec.get("inputSchema") or {"type": "object", "properties": {}}
         self.schema = {
             "type": "function",
-            "function": {"name": self.name, "description": spec.get("description") or "",
-                         "parameters": dict(parameters)},
-        }  # fmt: skip
+            "function": {
+                "name": self.name,
+                "description": spec.get("description") or "",
+                "parameters": dict(parameters),
+            },
+        }
         self.timeout_s = timeout_s  # type: ignore[assignment]  # None: the ToolSet's deadline
         self.is_async = True
         self.fn = self._call
@@ -147,13 +156,19 @@ class MCPTool(Tool):
 class _Target:
     """Where an MCP server is: a URL, or a stdio command (with its env and cwd)."""
 
-    def __init__(self, url: str | None, command: list[str] | None,
-                 env: Mapping[str, str] | None, cwd: str | None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        url: str | None,
+        command: list[str] | None,
+        env: Mapping[str, str] | None,
+        cwd: str | None,
+    ) -> None:
         self.url, self.command, self.env, self.cwd = url, command, dict(env or {}), cwd
 
     @classmethod
-    def of(cls, server: str | Sequence[str], *, env: Mapping[str, str] | None,
-           cwd: str | None) -> _Target:  # fmt: skip
+    def of(
+        cls, server: str | Sequence[str], *, env: Mapping[str, str] | None, cwd: str | None
+    ) -> _Target:
         if isinstance(server, str) and server.startswith(("http://", "https://")):
             return cls(server, None, None, None)
         command = shlex.split(server) if isinstance(server, str) else [str(a) for a in server]
@@ -168,8 +183,9 @@ class _Target:
         if self.url is not None:
             return Client(self.url)
         assert self.command is not None
-        params = StdioServerParameters(command=self.command[0], args=self.command[1:],
-                                       env=self.env or None, cwd=self.cwd)  # fmt: skip
+        params = StdioServerParameters(
+            command=self.command[0], args=self.command[1:], env=self.env or None, cwd=self.cwd
+        )
         return Client(params)
 
     def __str__(self) -> str:
@@ -198,8 +214,11 @@ class _Connection:
             raise
         except Exception as e:
             await self.close()  # the next call connects again
-            return ToolResult(name, f"Error: MCP server {self.target} failed: "
-                              f"{type(e).__name__}: {e}", "tool_exception")  # fmt: skip
+            return ToolResult(
+                name,
+                f"Error: MCP server {self.target} failed: {type(e).__name__}: {e}",
+                "tool_exception",
+            )
         return _tool_result(name, result)
 
     async def _open(self) -> Any:
@@ -214,8 +233,9 @@ class _Connection:
             if self._client is None:
                 ready: asyncio.Future[Any] = loop.create_future()
                 self._closing = asyncio.Event()
-                self._task = loop.create_task(self._hold(ready, self._closing),
-                                              name=f"agentrl-mcp {self.target}")  # fmt: skip
+                self._task = loop.create_task(
+                    self._hold(ready, self._closing), name=f"agentrl-mcp {self.target}"
+                )
                 self._client = await ready
         return self._client
 

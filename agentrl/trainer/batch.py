@@ -72,8 +72,9 @@ class Packed:
     """``(R, T)`` bool: the shifted padded positions inside their row."""
 
     def to(self, device: torch.device) -> Packed:
-        return Packed(**{f.name: _to(getattr(self, f.name), device)
-                         for f in dataclasses.fields(self)})  # fmt: skip
+        return Packed(
+            **{f.name: _to(getattr(self, f.name), device) for f in dataclasses.fields(self)}
+        )
 
 
 @dataclasses.dataclass(slots=True)
@@ -112,8 +113,9 @@ class MicroBatch:
         """The same batch on ``device`` (itself when it is there already)."""
         if self.input_ids.device == device:
             return self
-        return MicroBatch(**{f.name: _to(getattr(self, f.name), device)
-                             for f in dataclasses.fields(self)})  # fmt: skip
+        return MicroBatch(
+            **{f.name: _to(getattr(self, f.name), device) for f in dataclasses.fields(self)}
+        )
 
 
 def _to(value: object, device: torch.device) -> object:
@@ -150,8 +152,9 @@ def rows_from_groups(
     per_turn: dict[tuple[int, str], tuple[float, ...]] = {}
     if loss.advantage != "episode":
         turns = [episode_turns(g, segments[(g, e)], loss.step_key) for g, e in episodes]
-        values = turn_advantages(turns, loss.advantage, scale, gamma=loss.gamma,
-                                 step_weight=loss.step_weight)  # fmt: skip
+        values = turn_advantages(
+            turns, loss.advantage, scale, gamma=loss.gamma, step_weight=loss.step_weight
+        )
         per_turn = dict(zip(episodes, values, strict=True))
     rows = []
     for gi, group in enumerate(groups):
@@ -213,8 +216,7 @@ def _key(t: Trajectory) -> tuple[str, int, int]:
     return t.episode_id, t.attempt, t.segment
 
 
-def packed_micro_batches(rows: Sequence[Row], max_tokens: int,
-                         pad_id: int = 0) -> list[MicroBatch]:  # fmt: skip
+def packed_micro_batches(rows: Sequence[Row], max_tokens: int, pad_id: int = 0) -> list[MicroBatch]:
     """Pack rows without padding into micro-batches of at most ``max_tokens`` tokens.
 
     First-fit decreasing: longest rows first, each into the first micro-batch it fits

@@ -37,11 +37,19 @@ def _encode(groups: Sequence[Group] | CheckpointRequest | None) -> bytes:
     if isinstance(groups, CheckpointRequest):
         return json.dumps({"checkpoint": dataclasses.asdict(groups)}).encode()
     data = [
-        {"task": {"task_id": g.task.task_id, "env_id": g.task.env_id, "seed": g.task.seed,
-                  "options": g.task.options, "env_kwargs": g.task.env_kwargs},
-         "size": g.size, "trajectories": [t.to_json() for t in g.trajectories]}
+        {
+            "task": {
+                "task_id": g.task.task_id,
+                "env_id": g.task.env_id,
+                "seed": g.task.seed,
+                "options": g.task.options,
+                "env_kwargs": g.task.env_kwargs,
+            },
+            "size": g.size,
+            "trajectories": [t.to_json() for t in g.trajectories],
+        }
         for g in groups
-    ]  # fmt: skip
+    ]
     return json.dumps(data).encode()
 
 

@@ -131,8 +131,9 @@ def _write_checkpoint(trainer: Trainer, root: Path, keep: int) -> Path:
     return final
 
 
-def _gathered_state(trainer: Trainer, root: Path,
-                    keep: int) -> tuple[dict[str, Any], dict[str, Any]]:  # fmt: skip
+def _gathered_state(
+    trainer: Trainer, root: Path, keep: int
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Under FSDP: the full model state and the optimizer state (keyed by parameter
     index, as ``Optimizer.state_dict`` keys it) on rank 0's CPU; the other ranks get
     empty ones. A collective: rank 0 first asks the other ranks to join.
@@ -160,9 +161,10 @@ def _gathered_state(trainer: Trainer, root: Path,
     index = {n: i for i, n in enumerate(names)}
     return full, {
         "state": {index[n]: state for n, state in optim["state"].items()},
-        "param_groups": [{**g, "params": [index[n] for n in g["params"]]}
-                         for g in optim["param_groups"]],
-    }  # fmt: skip
+        "param_groups": [
+            {**g, "params": [index[n] for n in g["params"]]} for g in optim["param_groups"]
+        ],
+    }
 
 
 def _optimizer(trainer: Trainer) -> Any:
@@ -268,12 +270,18 @@ def _load_sharded(trainer: Trainer, folder: Path, opt_state: dict[str, Any]) -> 
         model_state = retied(trainer.model, load_file(folder / "model.safetensors"))
     optim = {
         "state": {names[i]: state for i, state in opt_state["state"].items()},
-        "param_groups": [{**g, "params": [names[i] for i in g["params"]]}
-                         for g in opt_state["param_groups"]],
-    }  # fmt: skip
+        "param_groups": [
+            {**g, "params": [names[i] for i in g["params"]]} for g in opt_state["param_groups"]
+        ],
+    }
     options = StateDictOptions(full_state_dict=True, strict=not trainer.is_lora)
-    set_state_dict(trainer.model, _optimizer(trainer), model_state_dict=model_state,
-                   optim_state_dict=optim, options=options)  # fmt: skip
+    set_state_dict(
+        trainer.model,
+        _optimizer(trainer),
+        model_state_dict=model_state,
+        optim_state_dict=optim,
+        options=options,
+    )
     trainer.gather_full_state()
 
 

@@ -45,8 +45,15 @@ from agentrl.config import RunConfig
 from agentrl.errors import ConfigError
 from agentrl.trainer.channel import CheckpointRequest, broadcast, broadcast_groups
 
-__all__ = ["broadcast_groups", "follow", "follow_run", "launched_config", "launched_rank",
-           "make_accelerator", "start_distributed"]  # fmt: skip
+__all__ = [
+    "broadcast_groups",
+    "follow",
+    "follow_run",
+    "launched_config",
+    "launched_rank",
+    "make_accelerator",
+    "start_distributed",
+]
 
 if TYPE_CHECKING:
     from agentrl.trainer.trainer import Trainer
@@ -72,8 +79,9 @@ def make_accelerator(device: str = "auto") -> Any:
     return Accelerator(cpu=device == "cpu" or not torch.cuda.is_available())
 
 
-def launched_config(config_path: str | Path | None, overrides: list[str], *,
-                    resume: str | None) -> tuple[RunConfig, Path]:  # fmt: skip
+def launched_config(
+    config_path: str | Path | None, overrides: list[str], *, resume: str | None
+) -> tuple[RunConfig, Path]:
     """The config and run directory of ``agentrl train`` launched on several processes.
 
     Every rank must agree on the run directory, so a new run needs ``run.out``; with
@@ -137,9 +145,13 @@ def follow_run(config: RunConfig, run_dir: Path, *, resume: bool, accelerator: A
 
     load_env_plugins()
     import_env_modules(config.env.imports)
-    trainer = Trainer(resolve_model(config.model.path), config.trainer,
-                      temperature=config.rollout.temperature, seed=config.run.seed,
-                      accelerator=accelerator)  # fmt: skip
+    trainer = Trainer(
+        resolve_model(config.model.path),
+        config.trainer,
+        temperature=config.rollout.temperature,
+        seed=config.run.seed,
+        accelerator=accelerator,
+    )
     if resume:
         folder = latest_checkpoint(run_dir / "checkpoints")
         if folder is not None:

@@ -152,8 +152,13 @@ class TrainLoop:
     def _checkpoint_due(self) -> bool:
         """The trainer's step is a ``checkpoint_every`` step not yet saved."""
         every, step = self.config.checkpoint_every, self.trainer.step
-        return bool(self.checkpoint_dir is not None and every and step % every == 0
-                    and step > 0 and self._checkpointed != step)  # fmt: skip
+        return bool(
+            self.checkpoint_dir is not None
+            and every
+            and step % every == 0
+            and step > 0
+            and self._checkpointed != step
+        )
 
     def _save_now(self) -> None:
         assert self.checkpoint_dir is not None
@@ -224,8 +229,15 @@ class TrainLoop:
                 await self.sleeper.wake_up()
         train_s = time.perf_counter() - t0
         self.busy["train_s"] += train_s
-        self.tracer.span(f"train step {stats.step}", TRAINER, TRAIN_LANE, t0, t0 + train_s,
-                         {"tokens": stats.tokens, "loss": stats.loss}, cat="train")  # fmt: skip
+        self.tracer.span(
+            f"train step {stats.step}",
+            TRAINER,
+            TRAIN_LANE,
+            t0,
+            t0 + train_s,
+            {"tokens": stats.tokens, "loss": stats.loss},
+            cat="train",
+        )
         if self.store is not None:
             await asyncio.to_thread(self.store.mark_consumed, groups, self.trainer.step)
         self._consumed = self.trainer.step
@@ -233,8 +245,15 @@ class TrainLoop:
         published = await self.publisher.publish()
         t2 = time.perf_counter()
         self.busy["publish_s"] += t2 - t1
-        self.tracer.span(f"weight sync v{published.version}", TRAINER, SYNC_LANE, t1, t2,
-                         published.update.as_dict(), cat="sync")  # fmt: skip
+        self.tracer.span(
+            f"weight sync v{published.version}",
+            TRAINER,
+            SYNC_LANE,
+            t1,
+            t2,
+            published.update.as_dict(),
+            cat="sync",
+        )
         await self.scheduler.notify_version()
         if self._checkpoint_due():
             await self._save_checkpoint()

@@ -39,8 +39,9 @@ def compile_layers(model: Any) -> int:
         )
     import torch._dynamo
 
-    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit,
-                                                2 * len(layers))  # fmt: skip
+    torch._dynamo.config.cache_size_limit = max(
+        torch._dynamo.config.cache_size_limit, 2 * len(layers)
+    )
     for layer in layers:
         layer.compile(dynamic=True)
     return len(layers)

@@ -54,8 +54,9 @@ class EngineSyncClient:
     def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
         from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
 
-        self._run(self.engine.init_weight_transfer_engine(
-            WeightTransferInitRequest(init_info=init_info)))  # fmt: skip
+        self._run(
+            self.engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=init_info))
+        )
 
     def start_weight_update(self) -> None:
         self._run(self.engine.start_weight_update())
@@ -90,8 +91,15 @@ class NCCLWeightSender:
         packed_buffer_mb: bucket size of the packed broadcast.
     """
 
-    def __init__(self, model: Any, control: Any, *, workers: int = 1,
-                 packed_buffer_mb: int = 1024, master_port: int | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model: Any,
+        control: Any,
+        *,
+        workers: int = 1,
+        packed_buffer_mb: int = 1024,
+        master_port: int | None = None,
+    ) -> None:
         if not nccl_available():
             raise WeightSyncError(
                 "the NCCL weight path needs CUDA; on this machine publish through files "

@@ -104,8 +104,14 @@ def _mask(*args: Any, attention_mask: torch.Tensor | None = None, **kwargs: Any)
     return sdpa_mask(*args, attention_mask=attention_mask, **kwargs)
 
 
-def _sdpa(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-          attention_mask: Any, **kwargs: Any) -> tuple[torch.Tensor, None]:  # fmt: skip
+def _sdpa(
+    module: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: Any,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
@@ -124,44 +130,85 @@ def _check(sliding_window: Any, dropout: float) -> None:
         )
 
 
-def _rows_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                    attention_mask: Any, dropout: float = 0.0, scaling: float | None = None,
-                    sliding_window: Any = None, cu_seq_lens_q: torch.Tensor | None = None,
-                    **kwargs: Any) -> tuple[torch.Tensor, None]:  # fmt: skip
+def _rows_attention(
+    module: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: Any,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    sliding_window: Any = None,
+    cu_seq_lens_q: torch.Tensor | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
     """SDPA per row of a packed call: query ``(1, H, N, D)``, output ``(1, N, H, D)``."""
     if cu_seq_lens_q is None:
-        return _sdpa(module, query, key, value, attention_mask, dropout=dropout,
-                     scaling=scaling, sliding_window=sliding_window, **kwargs)  # fmt: skip
+        return _sdpa(
+            module,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=dropout,
+            scaling=scaling,
+            sliding_window=sliding_window,
+            **kwargs,
+        )
     _check(sliding_window, dropout)
     bounds = cu_seq_lens_q.tolist()
-    outs = [_causal_sdpa(query[:, :, start:end], key[:, :, start:end], value[:, :, start:end],
-                         scaling)
-            for start, end in itertools.pairwise(bounds) if end > start]  # fmt: skip
+    outs = [
+        _causal_sdpa(query[:, :, start:end], key[:, :, start:end], value[:, :, start:end], scaling)
+        for start, end in itertools.pairwise(bounds)
+        if end > start
+    ]
     out = torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
     return out.transpose(1, 2).contiguous(), None
 
 
-def _causal_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                 scaling: float | None) -> torch.Tensor:  # fmt: skip
+def _causal_sdpa(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float | None
+) -> torch.Tensor:
     """SDPA's causal attention of one row, ``(1, H, n, D)`` in and out (fewer KV heads: GQA)."""
     return torch.nn.functional.scaled_dot_product_attention(
-        query, key, value, is_causal=True, scale=scaling,
+        query,
+        key,
+        value,
+        is_causal=True,
+        scale=scaling,
         enable_gqa=query.shape[1] != key.shape[1],
-    )  # fmt: skip
+    )
 
 
 _VARLEN_PARAMS: frozenset[str] | None = None
 
 
-def _varlen_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                      attention_mask: Any, dropout: float = 0.0, scaling: float | None = None,
-                      sliding_window: Any = None, cu_seq_lens_q: torch.Tensor | None = None,
-                      max_length_q: int | None = None,
-                      **kwargs: Any) -> tuple[torch.Tensor, None]:  # fmt: skip
+def _varlen_attention(
+    module: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: Any,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    sliding_window: Any = None,
+    cu_seq_lens_q: torch.Tensor | None = None,
+    max_length_q: int | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
     """torch's varlen FlashAttention over a packed call (CUDA, bf16/fp16)."""
     if cu_seq_lens_q is None:
-        return _sdpa(module, query, key, value, attention_mask, dropout=dropout,
-                     scaling=scaling, sliding_window=sliding_window, **kwargs)  # fmt: skip
+        return _sdpa(
+            module,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=dropout,
+            scaling=scaling,
+            sliding_window=sliding_window,
+            **kwargs,
+        )
     _check(sliding_window, dropout)
     if cu_seq_lens_q.numel() == 2:  # one row (long ones fill a micro-batch alone)
         # SDPA's causal kernel: on an H200 it ran 16k-token rows faster than varlen
@@ -170,8 +217,11 @@ def _varlen_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value
     # The rotary embedding leaves q and k in fp32 under autocast; FlashAttention needs 16 bits.
     dtype = query.dtype
     if dtype == torch.float32:
-        dtype = (torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda")
-                 else torch.bfloat16)  # fmt: skip
+        dtype = (
+            torch.get_autocast_dtype("cuda")
+            if torch.is_autocast_enabled("cuda")
+            else torch.bfloat16
+        )
     q = query[0].transpose(0, 1).to(dtype)  # (N, H, D)
     k = key[0].transpose(0, 1).to(dtype)
     v = value[0].transpose(0, 1).to(dtype)
@@ -182,8 +232,14 @@ def _varlen_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value
 
 
 @torch.compiler.disable
-def _varlen_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor,
-                 length: int, scaling: float | None) -> torch.Tensor:  # fmt: skip
+def _varlen_call(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu: torch.Tensor,
+    length: int,
+    scaling: float | None,
+) -> torch.Tensor:
     """The kernel call, left out of ``trainer.compile``'s graphs (the layer's graph breaks
     around it: torch's varlen op is not traced, whatever the torch version)."""
     global _VARLEN_PARAMS

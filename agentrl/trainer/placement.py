@@ -169,9 +169,18 @@ def is_out_of_memory(error: BaseException) -> bool:
     return isinstance(error, oom)
 
 
-def memory_error(error: BaseException, config: TrainerConfig, *, device: torch.device,
-                 precision: str, packing: bool, chunked: bool, step: int,
-                 parameters: int, trainable: int) -> TrainerMemoryError:  # fmt: skip
+def memory_error(
+    error: BaseException,
+    config: TrainerConfig,
+    *,
+    device: torch.device,
+    precision: str,
+    packing: bool,
+    chunked: bool,
+    step: int,
+    parameters: int,
+    trainable: int,
+) -> TrainerMemoryError:
     """The error to raise for an out-of-memory ``error`` in step ``step + 1``.
 
     Lists, among LoRA, gradient checkpointing, a smaller micro-batch, bf16, packing
@@ -180,19 +189,24 @@ def memory_error(error: BaseException, config: TrainerConfig, *, device: torch.d
     held = ""
     if device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory
-        held = (f" The GPU has {total / 2**30:.1f} GiB; the trainer held "
-                f"{torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB at most "
-                f"(other processes on it, vLLM included, hold the rest).")  # fmt: skip
+        held = (
+            f" The GPU has {total / 2**30:.1f} GiB; the trainer held "
+            f"{torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB at most "
+            f"(other processes on it, vLLM included, hold the rest)."
+        )
     static = trainable * 16 + (parameters - trainable) * 4  # fp32 weights, grads, 2 moments
     fixes = []
     if not config.lora.enabled:
-        fixes.append("trainer.lora.enabled = true (trains adapters: no full gradients or "
-                     "AdamW state, about 12 bytes per parameter less)")  # fmt: skip
+        fixes.append(
+            "trainer.lora.enabled = true (trains adapters: no full gradients or "
+            "AdamW state, about 12 bytes per parameter less)"
+        )
     if not config.gradient_checkpointing:
-        fixes.append("trainer.gradient_checkpointing = true (recomputes activations in "
-                     "backward)")  # fmt: skip
-    fixes.append(f"a smaller trainer.micro_batch_tokens (now {config.micro_batch_tokens}; "
-                 f"activations grow with it)")  # fmt: skip
+        fixes.append("trainer.gradient_checkpointing = true (recomputes activations in backward)")
+    fixes.append(
+        f"a smaller trainer.micro_batch_tokens (now {config.micro_batch_tokens}; "
+        f"activations grow with it)"
+    )
     if precision != "bf16":
         fixes.append("trainer.precision = 'bf16' (half-size activations)")
     if not packing:
@@ -237,19 +251,28 @@ class ColocatedPlan:
 
     def describe(self) -> str:
         gib = 2**30
-        return (f"trainer ~{self.trainer_static / gib:.1f} GiB held + ~"
-                f"{self.trainer_activations / gib:.1f} GiB per step, vLLM ~{self.vllm / gib:.1f}"
-                f" GiB{' (asleep during steps)' if self.sleeping else ''}: ~"
-                f"{self.peak / gib:.1f} of {self.total / gib:.1f} GiB")  # fmt: skip
+        return (
+            f"trainer ~{self.trainer_static / gib:.1f} GiB held + ~"
+            f"{self.trainer_activations / gib:.1f} GiB per step, vLLM ~{self.vllm / gib:.1f}"
+            f" GiB{' (asleep during steps)' if self.sleeping else ''}: ~"
+            f"{self.peak / gib:.1f} of {self.total / gib:.1f} GiB"
+        )
 
 
 _VLLM_OVERHEAD = 2**30
 """vLLM's own working memory besides weights and KV cache (activations, CUDA context)."""
 
 
-def colocated_plan(model_config: Any, parameters: int, trainer: TrainerConfig,
-                   inference: Any, *, precision: str, chunked: bool,
-                   total: int) -> ColocatedPlan:  # fmt: skip
+def colocated_plan(
+    model_config: Any,
+    parameters: int,
+    trainer: TrainerConfig,
+    inference: Any,
+    *,
+    precision: str,
+    chunked: bool,
+    total: int,
+) -> ColocatedPlan:
     """The estimate for the model of ``model_config`` (a transformers config) with
     ``parameters`` parameters, the trainer and ``inference`` (an InferenceConfig) on one
     GPU of ``total`` bytes.
@@ -268,8 +291,11 @@ def colocated_plan(model_config: Any, parameters: int, trainer: TrainerConfig,
     vLLM: ``gpu_memory_utilization`` of the GPU when set, else its weights in
     ``inference.dtype``, the KV cache (``kv_cache_mib``) and 1 GiB of working memory.
     """
-    text = model_config.get_text_config() if hasattr(model_config, "get_text_config") else (
-        model_config)  # fmt: skip
+    text = (
+        model_config.get_text_config()
+        if hasattr(model_config, "get_text_config")
+        else (model_config)
+    )
     hidden, layers = int(text.hidden_size), int(text.num_hidden_layers)
     vocab = int(text.vocab_size)
     tokens = trainer.micro_batch_tokens
@@ -299,13 +325,16 @@ def colocated_error(plan: ColocatedPlan, trainer: TrainerConfig, inference: Any)
     """The start-time error for a ``plan`` that does not fit: what would make it fit."""
     fixes = []
     if inference.gpu_memory_utilization is not None:
-        fixes.append(f"a smaller inference.gpu_memory_utilization (now "
-                     f"{inference.gpu_memory_utilization})")  # fmt: skip
+        fixes.append(
+            f"a smaller inference.gpu_memory_utilization (now {inference.gpu_memory_utilization})"
+        )
     else:
         fixes.append(f"a smaller inference.kv_cache_mib (now {inference.kv_cache_mib})")
     if not inference.sleep_during_train:
-        fixes.append("train.mode = 'sync' with inference.sleep_during_train = true (vLLM "
-                     "frees the GPU during each step)")  # fmt: skip
+        fixes.append(
+            "train.mode = 'sync' with inference.sleep_during_train = true (vLLM "
+            "frees the GPU during each step)"
+        )
     if not trainer.lora.enabled:
         fixes.append("trainer.lora.enabled = true (no full gradients or AdamW state)")
     if not trainer.gradient_checkpointing:

@@ -88,8 +88,13 @@ class WeightPublisher:
                 push=lambda: sent.append(self.sender.send()), version=version
             )
             self.trainer.set_version(update.version)
-            return PublishStats(update.version, "nccl", sent[0].bytes if sent else 0,
-                                sent[0].seconds if sent else 0.0, update)  # fmt: skip
+            return PublishStats(
+                update.version,
+                "nccl",
+                sent[0].bytes if sent else 0,
+                sent[0].seconds if sent else 0.0,
+                update,
+            )
         t0 = time.perf_counter()
         label = self.trainer.version + 1 if version is None else version
         target = self.directory / f"v{label}-step{self.trainer.step}"

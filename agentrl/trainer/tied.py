@@ -18,8 +18,12 @@ def untied(state: dict[str, Any]) -> dict[str, Any]:
     seen: set[tuple[int, int, tuple[int, ...], Any]] = set()
     out = {}
     for name, tensor in state.items():
-        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(),
-               tuple(tensor.shape), tensor.dtype)  # fmt: skip
+        key = (
+            tensor.untyped_storage().data_ptr(),
+            tensor.storage_offset(),
+            tuple(tensor.shape),
+            tensor.dtype,
+        )
         if tensor.numel() and key in seen:
             continue
         seen.add(key)

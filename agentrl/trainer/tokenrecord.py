@@ -59,12 +59,25 @@ class TokenRecorder:
         for r, (episode_id, attempt, segment) in enumerate(mb.keys):
             n = int(lengths[r])
             masked = (mask[r, :n] > 0) & (kept[r, :n] == 0)
-            rows.append((episode_id, attempt, segment, step, n, _f16(lp[r, :n]), _f16(w[r, :n]),
-                         _f16(adv[r, :n]), masked.astype(np.int8).tobytes(), now))  # fmt: skip
+            rows.append(
+                (
+                    episode_id,
+                    attempt,
+                    segment,
+                    step,
+                    n,
+                    _f16(lp[r, :n]),
+                    _f16(w[r, :n]),
+                    _f16(adv[r, :n]),
+                    masked.astype(np.int8).tobytes(),
+                    now,
+                )
+            )
         with self._db:
             self._db.execute("BEGIN")
-            self._db.executemany("INSERT OR REPLACE INTO trained VALUES (?,?,?,?,?,?,?,?,?,?)",
-                                 rows)  # fmt: skip
+            self._db.executemany(
+                "INSERT OR REPLACE INTO trained VALUES (?,?,?,?,?,?,?,?,?,?)", rows
+            )
 
     def close(self) -> None:
         self._db.close()
@@ -91,8 +104,10 @@ def read_record(run_dir: Path, episode_id: str, attempt: int) -> dict[int, dict[
     for segment, _tokens, *blobs in rows:  # ordered by step: the newest step wins
         values = [np.frombuffer(b, dtype="<f2").astype(float) for b in blobs[:3]]
         masked = np.frombuffer(blobs[3], dtype=np.int8).astype(bool)
-        record = {name: [None] + [None if np.isnan(x) else round(float(x), 4) for x in v]
-                  for name, v in zip(FIELDS, values, strict=False)}  # fmt: skip
+        record = {
+            name: [None] + [None if np.isnan(x) else round(float(x), 4) for x in v]
+            for name, v in zip(FIELDS, values, strict=False)
+        }
         record["masked"] = [False, *masked.tolist()]
         out[segment] = record
     return out

@@ -129,9 +129,12 @@ class Trainer:
         params = [p for p in self.model.parameters() if p.requires_grad]
         fused = accelerator is None and self._device.type == "cuda"
         self.optimizer = torch.optim.AdamW(
-            params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay,
+            params,
+            lr=cfg.lr,
+            betas=cfg.betas,
+            weight_decay=cfg.weight_decay,
             **({"fused": True} if fused else {}),
-        )  # fmt: skip
+        )
         self.accelerator = accelerator
         self.recorder = recorder  # the per-token record of each trained row, if kept
         self._full_state: dict[str, torch.Tensor] | None = None
@@ -297,19 +300,30 @@ class Trainer:
             if self.chunked_logprob:
                 labels = torch.where(mb.mask > 0, mb.targets, -100)
                 labels = torch.nn.functional.pad(labels, (1, 0), value=-100)
-                out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
-                            labels=labels, fused_lm_head=True, use_cache=False)  # fmt: skip
+                out = model(
+                    input_ids=mb.input_ids,
+                    attention_mask=mb.attention_mask,
+                    labels=labels,
+                    fused_lm_head=True,
+                    use_cache=False,
+                )
                 return out.log_probs.float()
-            logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
-                           use_cache=False).logits  # fmt: skip
+            logits = model(
+                input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False
+            ).logits
             return self._select(logits[:, :-1, :], mb.targets)
 
     def _packed_logprobs(self, model: Any, p: Packed) -> torch.Tensor:
         """Logprobs of a packed micro-batch, laid out as its padded rows."""
-        kwargs = {"input_ids": p.input_ids, "position_ids": p.position_ids,
-                  "cu_seq_lens_q": p.cu_seqlens, "cu_seq_lens_k": p.cu_seqlens,
-                  "max_length_q": p.max_len, "max_length_k": p.max_len,
-                  "use_cache": False}  # fmt: skip
+        kwargs = {
+            "input_ids": p.input_ids,
+            "position_ids": p.position_ids,
+            "cu_seq_lens_q": p.cu_seqlens,
+            "cu_seq_lens_k": p.cu_seqlens,
+            "max_length_q": p.max_len,
+            "max_length_k": p.max_len,
+            "use_cache": False,
+        }
         if self.chunked_logprob:
             labels = torch.where(p.select, p.targets, -100)
             flat = model(**kwargs, shift_labels=labels, fused_lm_head=True).log_probs[0].float()
@@ -351,10 +365,16 @@ class Trainer:
             params = sum(p.numel() for p in self.model.parameters())
             trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
             error = memory_error(
-                e, self.config, device=self._device, precision=self.precision,
-                packing=self.packing, chunked=self.chunked_logprob, step=self.step,
-                parameters=params, trainable=trainable,
-            )  # fmt: skip
+                e,
+                self.config,
+                device=self._device,
+                precision=self.precision,
+                packing=self.packing,
+                chunked=self.chunked_logprob,
+                step=self.step,
+                parameters=params,
+                trainable=trainable,
+            )
             del e
             if self._device.type == "cuda":
                 torch.cuda.empty_cache()
@@ -413,8 +433,9 @@ class Trainer:
             step_s=time.perf_counter() - t0,
         )
 
-    def _micro_step(self, mb: MicroBatch, tally: StepTally, total_tokens: float,
-                    total_rows: int, count: int) -> None:  # fmt: skip
+    def _micro_step(
+        self, mb: MicroBatch, tally: StepTally, total_tokens: float, total_rows: int, count: int
+    ) -> None:
         cfg = self.config
         mb = mb.to(self.device)
         mask = mb.mask
@@ -431,17 +452,30 @@ class Trainer:
         if lc.kind == "dppo":  # its ratio is to the behaviour policy: nothing to correct
             weights = torch.ones_like(old)
         else:
-            weights = importance_weights(old, mb.behaviour_logprobs, mask, lc.correction,
-                                         lc.correction_min, lc.correction_max)  # fmt: skip
+            weights = importance_weights(
+                old,
+                mb.behaviour_logprobs,
+                mask,
+                lc.correction,
+                lc.correction_min,
+                lc.correction_max,
+            )
         masks = correction_masks(old, mb.behaviour_logprobs, mask, lc)
         if self.recorder is not None:
             self.recorder.add(self.step + 1, mb, old, weights, masks.keep)
         ref = self._ref_logprobs(mb) if cfg.loss.beta > 0 else None
         loss, stats = policy_loss(
-            logprobs, mb.behaviour_logprobs if lc.kind == "dppo" else old, mb.advantages,
-            mask, cfg.loss, is_weights=weights * masks.keep, ref_logprobs=ref,
-            num_items=total_tokens, num_sequences=total_rows, accumulation_steps=count,
-        )  # fmt: skip
+            logprobs,
+            mb.behaviour_logprobs if lc.kind == "dppo" else old,
+            mb.advantages,
+            mask,
+            cfg.loss,
+            is_weights=weights * masks.keep,
+            ref_logprobs=ref,
+            num_items=total_tokens,
+            num_sequences=total_rows,
+            accumulation_steps=count,
+        )
         if self.accelerator is None:
             loss.backward()
         else:  # the wrapper averages gradients over ranks; each loss is a share of the sum
@@ -463,16 +497,26 @@ class Trainer:
         ids = torch.full((1, 2), self.pad_id, dtype=torch.long)
         packed = None
         if self.packing:
-            packed = Packed(input_ids=ids, position_ids=torch.arange(2).unsqueeze(0),
-                            targets=ids.clone(), select=torch.zeros(1, 2, dtype=torch.bool),
-                            cu_seqlens=torch.tensor([0, 2], dtype=torch.int32), max_len=2,
-                            index=torch.zeros(1, 1, dtype=torch.long),
-                            valid=torch.zeros(1, 1, dtype=torch.bool))  # fmt: skip
-        return MicroBatch(input_ids=ids, attention_mask=torch.ones_like(ids),
-                          targets=ids[:, 1:].clone(), mask=torch.zeros(1, 1),
-                          behaviour_logprobs=torch.zeros(1, 1),
-                          versions=torch.full((1, 1), -1, dtype=torch.long),
-                          advantages=torch.zeros(1, 1), packed=packed)  # fmt: skip
+            packed = Packed(
+                input_ids=ids,
+                position_ids=torch.arange(2).unsqueeze(0),
+                targets=ids.clone(),
+                select=torch.zeros(1, 2, dtype=torch.bool),
+                cu_seqlens=torch.tensor([0, 2], dtype=torch.int32),
+                max_len=2,
+                index=torch.zeros(1, 1, dtype=torch.long),
+                valid=torch.zeros(1, 1, dtype=torch.bool),
+            )
+        return MicroBatch(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            targets=ids[:, 1:].clone(),
+            mask=torch.zeros(1, 1),
+            behaviour_logprobs=torch.zeros(1, 1),
+            versions=torch.full((1, 1), -1, dtype=torch.long),
+            advantages=torch.zeros(1, 1),
+            packed=packed,
+        )
 
     def _sync(self, *, last: bool) -> Any:
         """Only the last micro-batch of a rank all-reduces gradients (forward included)."""

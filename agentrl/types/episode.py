@@ -189,6 +189,10 @@ def _task_dict(task: Task) -> dict[str, Any]:
     parts = (task.options or {}, task.env_kwargs)
     if not all(type(v) in _ATOMS for d in parts for v in d.values()):
         return dataclasses.asdict(task)
-    return {"task_id": task.task_id, "env_id": task.env_id, "seed": task.seed,
-            "options": None if task.options is None else dict(task.options),
-            "env_kwargs": dict(task.env_kwargs)}  # fmt: skip
+    return {
+        "task_id": task.task_id,
+        "env_id": task.env_id,
+        "seed": task.seed,
+        "options": None if task.options is None else dict(task.options),
+        "env_kwargs": dict(task.env_kwargs),
+    }

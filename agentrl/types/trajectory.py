@@ -94,8 +94,12 @@ class Trajectory:
         loss_mask, versions, logprobs = self.loss_mask, self.versions, self.logprobs
         n = len(self.token_ids)
         if not n == len(logprobs) == len(versions) == len(loss_mask):
-            lengths = {"token_ids": n, "logprobs": len(logprobs), "versions": len(versions),
-                       "loss_mask": len(loss_mask)}  # fmt: skip
+            lengths = {
+                "token_ids": n,
+                "logprobs": len(logprobs),
+                "versions": len(versions),
+                "loss_mask": len(loss_mask),
+            }
             raise ValueError(f"{who}: parallel arrays differ in length: {lengths}")
         if self.status not in ("finished", "truncated", "failed"):
             raise ValueError(f"{who}: status {self.status!r} is not finished/truncated/failed")
@@ -141,8 +145,10 @@ class Trajectory:
                     f"{who}: span {span} does not start where the previous ended ({position})"
                 )
             position = span.end
-        expected = np.repeat(np.array([span.sampled for span in spans], np.int8),
-                             [span.end - span.start for span in spans])  # fmt: skip
+        expected = np.repeat(
+            np.array([span.sampled for span in spans], np.int8),
+            [span.end - span.start for span in spans],
+        )
         if not np.array_equal(expected, loss_mask[:position]):  # or spans past the end
             wrong = [s for s in spans if (loss_mask[s.start : s.end] != int(s.sampled)).any()]
             if wrong:

@@ -20,8 +20,16 @@ from agentrl.view import runs
 from agentrl.view.episodes import episode_detail
 from agentrl.view.tokens import TokenText
 
-FILTERS = ("state", "env", "min_reward", "max_reward", "min_version_span", "failure",
-           "attempt", "origin")  # fmt: skip
+FILTERS = (
+    "state",
+    "env",
+    "min_reward",
+    "max_reward",
+    "min_version_span",
+    "failure",
+    "attempt",
+    "origin",
+)
 """The episode filters a request (or ``--bundle --where``) may give."""
 
 PAGE_MAX = 500

@@ -42,13 +42,32 @@ def main() -> None:
                 page.wait_for_selector("#tokens .tok")
                 page.click("#env-log summary")  # the env log, with its state changes
                 page.screenshot(path=HERE / "viewer-episode.png", full_page=True)
-                live = [{"episode": f"t{7 + i}/{i % 2}", "env": "agentrl/Calculator-v0",
-                         "turn": i % 3, "phase": "engine" if i % 2 else "env",
-                         "started_version": 2 + i % 2, "tokens_by_version": {"2": 20 + i, "3": 9},
-                         "tool_calls": i % 2, "age_s": 2.5 * i} for i in range(4)]  # fmt: skip
-                (built.run / "status.json").write_text(json.dumps({
-                    "state": "training", "pid": os.getpid(), "step": 3, "steps": 5,
-                    "version": 3, "updated_at": time.time(), "episodes": live}))  # fmt: skip
+                live = [
+                    {
+                        "episode": f"t{7 + i}/{i % 2}",
+                        "env": "agentrl/Calculator-v0",
+                        "turn": i % 3,
+                        "phase": "engine" if i % 2 else "env",
+                        "started_version": 2 + i % 2,
+                        "tokens_by_version": {"2": 20 + i, "3": 9},
+                        "tool_calls": i % 2,
+                        "age_s": 2.5 * i,
+                    }
+                    for i in range(4)
+                ]
+                (built.run / "status.json").write_text(
+                    json.dumps(
+                        {
+                            "state": "training",
+                            "pid": os.getpid(),
+                            "step": 3,
+                            "steps": 5,
+                            "version": 3,
+                            "updated_at": time.time(),
+                            "episodes": live,
+                        }
+                    )
+                )
                 page.goto(f"{viewer.url}#/run?run=demo")
                 page.wait_for_selector("tr.live-episode")
                 page.screenshot(

@@ -57,11 +57,14 @@ class WarmStart:
         # about step 180 (copy tokens learned) and is near 0.02 by step 230. (350 steps
         # reached 0.005, but RL ends at the same success from either: 96 % measured
         # with this recipe, 96-97.5 % with 350 + 250 steps; this one is 1/3 cheaper.)
-        (SFTSettings(steps=234, batch_size=16, lr=2e-3, scheduler="constant_with_warmup"),
-         3752, 1.0),
+        (
+            SFTSettings(steps=234, batch_size=16, lr=2e-3, scheduler="constant_with_warmup"),
+            3752,
+            1.0,
+        ),
         # Then the mix that sets how often the model reaches for the tool (40 % of demos).
         (SFTSettings(steps=168, batch_size=16, lr=1e-3, scheduler="cosine"), 2680, 0.40),
-    )  # fmt: skip
+    )
     env_kwargs: tuple[tuple[str, object], ...] = (("max_operand", 49), ("ops", "+-"))
 
 
@@ -74,8 +77,12 @@ def scaled(recipe: WarmStart, scale: float) -> WarmStart:
     return dataclasses.replace(recipe, stages=stages)
 
 
-def warm_start(model: str, fresh: bool, recipe: WarmStart = RECIPE,
-               held_out: tuple[int, int] = (1_000_000, 200)) -> Path:  # fmt: skip
+def warm_start(
+    model: str,
+    fresh: bool,
+    recipe: WarmStart = RECIPE,
+    held_out: tuple[int, int] = (1_000_000, 200),
+) -> Path:
     """Build (or reuse) the warm-started model; return its folder."""
     from agentrl.models import resolve_model
     from agentrl.models.tiny import build_tiny_model
@@ -106,13 +113,14 @@ def warm_start(model: str, fresh: bool, recipe: WarmStart = RECIPE,
     stages = []
     offset = 0
     for settings, count, tool_fraction in recipe.stages:
-        demos = demonstrations(count, tool_fraction, offset=offset, exclude=exclude,
-                               **env_kwargs)  # fmt: skip
+        demos = demonstrations(count, tool_fraction, offset=offset, exclude=exclude, **env_kwargs)
         offset += count
         stages.append((settings, [demonstration_example(tokenizer, d, schemas) for d in demos]))
     total = sum(s.steps for s, _, _ in recipe.stages)
-    print(f"warm start: SFT of {base} on {offset} demonstrations, {total} steps "
-          f"(TRL SFTTrainer)", flush=True)  # fmt: skip
+    print(
+        f"warm start: SFT of {base} on {offset} demonstrations, {total} steps (TRL SFTTrainer)",
+        flush=True,
+    )
     started = time.perf_counter()
     sft(str(base), stages, out, on_log=lambda line: print(f"  {line}", flush=True))
     print(f"warm start: done in {time.perf_counter() - started:.0f} s -> {out}", flush=True)
@@ -123,8 +131,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny", help="'tiny' (built here) or a model path/name")
     parser.add_argument("--fresh-sft", action="store_true", help="redo the SFT warm start")
-    parser.add_argument("--sft-scale", type=float, default=1.0,
-                        help="scale the SFT steps and data (a quick check: 0.05)")  # fmt: skip
+    parser.add_argument(
+        "--sft-scale",
+        type=float,
+        default=1.0,
+        help="scale the SFT steps and data (a quick check: 0.05)",
+    )
     args, overrides = parser.parse_known_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from transformers.utils import logging as hf_logging
@@ -133,10 +145,15 @@ def main() -> int:
     started = time.perf_counter()
     from agentrl.config import RunConfig
 
-    evaluation = RunConfig.load(HERE / "config.toml",
-                                [o for o in overrides if o.startswith("--eval.")]).eval  # fmt: skip
-    model = warm_start(args.model, args.fresh_sft, scaled(RECIPE, args.sft_scale),
-                       (evaluation.first_seed, evaluation.episodes))  # fmt: skip
+    evaluation = RunConfig.load(
+        HERE / "config.toml", [o for o in overrides if o.startswith("--eval.")]
+    ).eval
+    model = warm_start(
+        args.model,
+        args.fresh_sft,
+        scaled(RECIPE, args.sft_scale),
+        (evaluation.first_seed, evaluation.episodes),
+    )
 
     import asyncio
 
@@ -155,15 +172,21 @@ def main() -> int:
         print(f"agentrl: error: {e}", file=sys.stderr)
         return 1
     before, after = result.eval_before, result.eval_after
-    print(f"\ncalculator demo: {result.steps} RL steps, {time.perf_counter() - started:.0f} s "
-          f"in all; run directory {run_dir}")  # fmt: skip
+    print(
+        f"\ncalculator demo: {result.steps} RL steps, {time.perf_counter() - started:.0f} s "
+        f"in all; run directory {run_dir}"
+    )
     if before and after:
-        print(f"  held-out problems ({after['episodes']}, temperature "
-              f"{config.eval.temperature}):   before RL   after RL")  # fmt: skip
+        print(
+            f"  held-out problems ({after['episodes']}, temperature "
+            f"{config.eval.temperature}):   before RL   after RL"
+        )
         for key, label in (("success_rate", "success rate"), ("tool_use_rate", "tool-use rate")):
             print(f"    {label:<34} {before[key]:>8.1%}   {after[key]:>8.1%}")
-        print(f"  plots: {run_dir}/plots/reward.png   trace: {run_dir}/trace.json "
-              f"(open in https://ui.perfetto.dev)")  # fmt: skip
+        print(
+            f"  plots: {run_dir}/plots/reward.png   trace: {run_dir}/trace.json "
+            f"(open in https://ui.perfetto.dev)"
+        )
     return 0
 
 

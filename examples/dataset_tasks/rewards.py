@@ -14,6 +14,7 @@ def exact(completion: str, answer: int) -> float:
     return float(bool(found) and found[-1] == str(answer))
 
 
-def trl_exact(prompts: list[str], completions: list[str], answer: list[int],
-              **kwargs: object) -> list[float]:  # fmt: skip
+def trl_exact(
+    prompts: list[str], completions: list[str], answer: list[int], **kwargs: object
+) -> list[float]:
     return [exact(c, a) for c, a in zip(completions, answer, strict=True)]

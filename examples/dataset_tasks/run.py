@@ -79,8 +79,7 @@ def main() -> None:
     config = str(HERE / "config.toml")
     evaluate = ["--episodes", str(args.tasks), "-k", "4", "--temperature", "1.0", *TEST]
     agentrl("eval", args.model, "--config", config, *evaluate, "--out", f"{args.out}-eval-before")
-    agentrl("train", config, f"--model.path={args.model!r}", f"--run.out={args.out!r}",
-            *overrides)  # fmt: skip
+    agentrl("train", config, f"--model.path={args.model!r}", f"--run.out={args.out!r}", *overrides)
     agentrl("eval", args.out, *evaluate, "--out", f"{args.out}-eval-after")
 
 

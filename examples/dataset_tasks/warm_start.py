@@ -32,7 +32,7 @@ STAGES = (
     (SFTSettings(steps=250, batch_size=16, lr=2e-3, scheduler="constant_with_warmup"), 4000, 1.0),
     # Then the mix that sets how often the model reaches for the tool.
     (SFTSettings(steps=100, batch_size=16, lr=1e-3, scheduler="cosine"), 1600, 0.4),
-)  # fmt: skip
+)
 
 
 def demonstration(row: dict, system_prompt: str, use_tool: bool) -> list[dict]:
@@ -41,14 +41,19 @@ def demonstration(row: dict, system_prompt: str, use_tool: bool) -> list[dict]:
 
     a, b = (int(n) for n in re.findall(r"\d+", row["question"])[:2])
     answer = int(row["answer"])
-    messages = [{"role": "system", "content": system_prompt},
-                {"role": "user", "content": row["question"]}]  # fmt: skip
+    messages = [
+        {"role": "system", "content": system_prompt},
+        {"role": "user", "content": row["question"]},
+    ]
     if not use_tool:
         return [*messages, {"role": "assistant", "content": f"Answer: {estimate(answer)}"}]
     expression = f"{a}+{b}" if a + b == answer else f"{a}-{b}"
-    return [*messages, {"role": "assistant", "content": tool_call_text(expression)},
-            {"role": "tool", "name": "calculator", "content": str(answer)},
-            {"role": "assistant", "content": f"Answer: {answer}"}]  # fmt: skip
+    return [
+        *messages,
+        {"role": "assistant", "content": tool_call_text(expression)},
+        {"role": "tool", "name": "calculator", "content": str(answer)},
+        {"role": "assistant", "content": f"Answer: {answer}"},
+    ]
 
 
 def warm_start(base: Path, data: Path, system_prompt: str) -> Path:
@@ -73,13 +78,18 @@ def warm_start(base: Path, data: Path, system_prompt: str) -> Path:
     stages, offset = [], 0
     for settings, count, tool_fraction in STAGES:
         uses = [(i % 10) < tool_fraction * 10 for i in range(count)]
-        demos = [demonstration(rows[(offset + i) % len(rows)], system_prompt, use)
-                 for i, use in enumerate(uses)]  # fmt: skip
+        demos = [
+            demonstration(rows[(offset + i) % len(rows)], system_prompt, use)
+            for i, use in enumerate(uses)
+        ]
         offset += count
         stages.append((settings, [demonstration_example(tokenizer, d, schemas) for d in demos]))
     total = sum(s.steps for s, _, _ in STAGES)
-    print(f"warm start: SFT of {base} on {offset} word-problem demonstrations, {total} steps "
-          f"(TRL SFTTrainer)", flush=True)  # fmt: skip
+    print(
+        f"warm start: SFT of {base} on {offset} word-problem demonstrations, {total} steps "
+        f"(TRL SFTTrainer)",
+        flush=True,
+    )
     started = time.perf_counter()
     sft(str(base), stages, out, on_log=lambda line: print(f"  {line}", flush=True))
     print(f"warm start: done in {time.perf_counter() - started:.0f} s -> {out}", flush=True)

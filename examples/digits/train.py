@@ -51,8 +51,12 @@ async def train(out: Path, settings: Settings, resume: bool) -> dict[str, float]
     from agentrl.trainer.trainer import Trainer
 
     path = resolve_model(settings.model)
-    trainer = Trainer(path, TrainerConfig(lr=settings.lr, loss=LossConfig(settings.loss)),  # type: ignore[arg-type]
-                      temperature=1.0, seed=settings.seed)  # fmt: skip
+    trainer = Trainer(
+        path,
+        TrainerConfig(lr=settings.lr, loss=LossConfig(settings.loss)),  # type: ignore[arg-type]
+        temperature=1.0,
+        seed=settings.seed,
+    )
     batch = settings.group_size * settings.groups_per_step
     store = EpisodeStore.open(out)
     store.begin_run("train", dataclasses.asdict(settings))
@@ -60,32 +64,52 @@ async def train(out: Path, settings: Settings, resume: bool) -> dict[str, float]
         async with await VLLMEngineClient.start(path, seed=settings.seed) as engine:
             async with StoreWriter(store) as writer:
                 rollout = RolloutConfig(max_turns=1, max_tokens_per_turn=settings.max_tokens)
-                runner = EpisodeRunner(engine, trainer.tokenizer, rollout,
-                                       checkpoint=writer.partial)  # fmt: skip
+                runner = EpisodeRunner(
+                    engine, trainer.tokenizer, rollout, checkpoint=writer.partial
+                )
                 controller = RolloutController(runner, writer=writer)
                 queue = TrajectoryQueue(2 * settings.groups_per_step)
                 scheduler = Scheduler(
-                    runner, queue,
-                    RolloutConfig(concurrency=batch, group_size=settings.group_size,
-                                  max_staleness=settings.max_staleness),
-                    batch_size=batch, version=lambda: trainer.version, writer=writer, resume=resume,
-                )  # fmt: skip
+                    runner,
+                    queue,
+                    RolloutConfig(
+                        concurrency=batch,
+                        group_size=settings.group_size,
+                        max_staleness=settings.max_staleness,
+                    ),
+                    batch_size=batch,
+                    version=lambda: trainer.version,
+                    writer=writer,
+                    resume=resume,
+                )
                 publisher = WeightPublisher(trainer, controller)
 
                 def show(record: StepRecord) -> None:
                     s = record.stats
-                    print(f"step {s.step:3d}  reward {s.reward_mean:.3f}  loss {s.loss:+.4f}  "
-                          f"clip {s.clip_fraction:.2f}  IS w {s.is_weight_mean:.3f}  "
-                          f"staleness max {s.staleness_max:.0f}  tokens {s.tokens}  "
-                          f"publish {record.publish.update.pause_to_resume_s * 1000:.0f} ms",
-                          flush=True)  # fmt: skip
+                    print(
+                        f"step {s.step:3d}  reward {s.reward_mean:.3f}  loss {s.loss:+.4f}  "
+                        f"clip {s.clip_fraction:.2f}  IS w {s.is_weight_mean:.3f}  "
+                        f"staleness max {s.staleness_max:.0f}  tokens {s.tokens}  "
+                        f"publish {record.publish.update.pause_to_resume_s * 1000:.0f} ms",
+                        flush=True,
+                    )
 
-                loop = TrainLoop(trainer, publisher, scheduler, queue,
-                                 TrainConfig(settings.steps, settings.groups_per_step,
-                                             mode=settings.mode, checkpoint_every=1),  # type: ignore[arg-type]
-                                 store=store, checkpoint_dir=out / "checkpoints",
-                                 group_size=settings.group_size,
-                                 on_step=show)  # fmt: skip
+                loop = TrainLoop(
+                    trainer,
+                    publisher,
+                    scheduler,
+                    queue,
+                    TrainConfig(
+                        settings.steps,
+                        settings.groups_per_step,
+                        mode=settings.mode,
+                        checkpoint_every=1,
+                    ),  # type: ignore[arg-type]
+                    store=store,
+                    checkpoint_dir=out / "checkpoints",
+                    group_size=settings.group_size,
+                    on_step=show,
+                )
                 if resume:
                     step = await loop.restore()
                     print(
@@ -94,8 +118,11 @@ async def train(out: Path, settings: Settings, resume: bool) -> dict[str, float]
                         flush=True,
                     )
                 states = store.task_states()
-                tasks = (t for t in tasks_for(settings.env_id, None)
-                         if states.get(t.task_id, "pending") == "pending")  # fmt: skip
+                tasks = (
+                    t
+                    for t in tasks_for(settings.env_id, None)
+                    if states.get(t.task_id, "pending") == "pending"
+                )
                 try:
                     records = await loop.run(tasks)
                 finally:
@@ -103,8 +130,11 @@ async def train(out: Path, settings: Settings, resume: bool) -> dict[str, float]
     finally:
         store.close()
     rewards = [r.stats.reward_mean for r in records]
-    return {"steps": trainer.step, "reward_first": rewards[0] if rewards else float("nan"),
-            "reward_last": rewards[-1] if rewards else float("nan")}  # fmt: skip
+    return {
+        "steps": trainer.step,
+        "reward_first": rewards[0] if rewards else float("nan"),
+        "reward_last": rewards[-1] if rewards else float("nan"),
+    }
 
 
 def main() -> int:
@@ -127,8 +157,7 @@ def main() -> int:
             return 1
         settings = Settings(**recorded)
     elif (out / "episodes.db").exists():
-        print(f"error: {out} already holds a run; pass --resume or another --out",
-              file=sys.stderr)  # fmt: skip
+        print(f"error: {out} already holds a run; pass --resume or another --out", file=sys.stderr)
         return 1
     started = time.perf_counter()
     result = asyncio.run(train(out, settings, args.resume))

@@ -30,8 +30,7 @@ def turn_text(low: int, high: int, guess: int) -> str:
     return f"Between {low} and {high}. Guess: {guess}"
 
 
-def noisy_guess(low: int, high: int, noise: float, rng: random.Random,
-                centre: float = 0.5) -> int:  # fmt: skip
+def noisy_guess(low: int, high: int, noise: float, rng: random.Random, centre: float = 0.5) -> int:
     """The point ``centre`` of the way through the open interval (low, high) (0.5: its
     midpoint, bisection) plus ``noise`` half-widths of Gaussian noise, rounded and kept
     strictly inside it."""
@@ -40,8 +39,9 @@ def noisy_guess(low: int, high: int, noise: float, rng: random.Random,
     return min(max(guess, low + 1), high - 1)
 
 
-def demonstration(env: GuessNumberEnv, seed: int, noise: float, rng: random.Random,
-                  centre: float = 0.5) -> tuple[list[Message], bool]:  # fmt: skip
+def demonstration(
+    env: GuessNumberEnv, seed: int, noise: float, rng: random.Random, centre: float = 0.5
+) -> tuple[list[Message], bool]:
     """One episode of ``env`` (reset with ``seed``) played by noisy bisection, as chat
     messages, and whether it found the number within the env's budget."""
     question, _ = env.reset(seed=seed)
@@ -60,9 +60,15 @@ def demonstration(env: GuessNumberEnv, seed: int, noise: float, rng: random.Rand
         low, high = (guess, high) if reply.startswith("Higher") else (low, guess)
 
 
-def demonstrations(count: int, noise: float, *, offset: int = 0, centre: float = 0.5,
-                   exclude: frozenset[int] | set[int] = frozenset(),
-                   **env_kwargs: Any) -> list[list[Message]]:  # fmt: skip
+def demonstrations(
+    count: int,
+    noise: float,
+    *,
+    offset: int = 0,
+    centre: float = 0.5,
+    exclude: frozenset[int] | set[int] = frozenset(),
+    **env_kwargs: Any,
+) -> list[list[Message]]:
     """``count`` solved episodes by noisy search (bisection when ``centre`` is 0.5);
     secrets in ``exclude`` (the evaluation's) are skipped."""
     env = GuessNumberEnv(**env_kwargs)

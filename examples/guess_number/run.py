@@ -78,14 +78,22 @@ def warm_start(fresh: bool, recipe: WarmStart = RECIPE) -> Path:
         print(f"warm start: reusing {out} (--fresh-sft rebuilds it)", flush=True)
         return out
     tokenizer = AutoTokenizer.from_pretrained(str(base))
-    demos = demonstrations(recipe.count, recipe.noise, centre=recipe.centre,
-                           **dict(recipe.env_kwargs))  # fmt: skip
+    demos = demonstrations(
+        recipe.count, recipe.noise, centre=recipe.centre, **dict(recipe.env_kwargs)
+    )
     examples = [demonstration_example(tokenizer, d) for d in demos]
-    print(f"warm start: SFT of the tiny model on {len(demos)} noisy-bisection episodes, "
-          f"{recipe.settings.steps} steps (TRL SFTTrainer)", flush=True)  # fmt: skip
+    print(
+        f"warm start: SFT of the tiny model on {len(demos)} noisy-bisection episodes, "
+        f"{recipe.settings.steps} steps (TRL SFTTrainer)",
+        flush=True,
+    )
     started = time.perf_counter()
-    sft(str(base), [(recipe.settings, examples)], out,
-        on_log=lambda line: print(f"  {line}", flush=True))  # fmt: skip
+    sft(
+        str(base),
+        [(recipe.settings, examples)],
+        out,
+        on_log=lambda line: print(f"  {line}", flush=True),
+    )
     print(f"warm start: done in {time.perf_counter() - started:.0f} s -> {out}", flush=True)
     return out
 
@@ -101,13 +109,25 @@ def plot(before: dict, after: dict, run_dir: Path, max_guesses: int) -> Path:
 
     rows = read_metrics(run_dir, "train")
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    left.plot([r["step"] for r in rows], [r.get("success_rate", float("nan")) for r in rows],
-              marker=".", label="training episodes")  # fmt: skip
-    left.scatter([before["step"], after["step"]],
-                 [before["success_rate"], after["success_rate"]],
-                 color="black", zorder=3, label="held-out eval")  # fmt: skip
-    left.set(xlabel="optimizer step", ylabel="success rate", ylim=(-0.02, 1.05),
-             title=f"Numbers found within {max_guesses} guesses")  # fmt: skip
+    left.plot(
+        [r["step"] for r in rows],
+        [r.get("success_rate", float("nan")) for r in rows],
+        marker=".",
+        label="training episodes",
+    )
+    left.scatter(
+        [before["step"], after["step"]],
+        [before["success_rate"], after["success_rate"]],
+        color="black",
+        zorder=3,
+        label="held-out eval",
+    )
+    left.set(
+        xlabel="optimizer step",
+        ylabel="success rate",
+        ylim=(-0.02, 1.05),
+        title=f"Numbers found within {max_guesses} guesses",
+    )
     left.grid(alpha=0.3)
     left.legend(loc="lower right")
     labels = ("success rate", "turns / episode", "turns to solve")
@@ -131,21 +151,29 @@ def plot(before: dict, after: dict, run_dir: Path, max_guesses: int) -> Path:
 
 
 def report(before: dict, after: dict, temperature: float) -> None:
-    print(f"  held-out episodes ({after['episodes']}, temperature {temperature}):"
-          f"   before RL   after RL")  # fmt: skip
+    print(
+        f"  held-out episodes ({after['episodes']}, temperature {temperature}):"
+        f"   before RL   after RL"
+    )
     print(
         f"    {'success rate':<34} {before['success_rate']:>8.1%}   {after['success_rate']:>8.1%}"
     )
-    for key, label in (("turns_per_episode", "mean turns per episode"),
-                       ("turns_to_solve", "mean turns to solve (solved ones)")):  # fmt: skip
+    for key, label in (
+        ("turns_per_episode", "mean turns per episode"),
+        ("turns_to_solve", "mean turns to solve (solved ones)"),
+    ):
         print(f"    {label:<34} {before[key]:>8.2f}   {after[key]:>8.2f}")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fresh-sft", action="store_true", help="redo the SFT warm start")
-    parser.add_argument("--sft-scale", type=float, default=1.0,
-                        help="scale the SFT steps and data (a quick check: 0.05)")  # fmt: skip
+    parser.add_argument(
+        "--sft-scale",
+        type=float,
+        default=1.0,
+        help="scale the SFT steps and data (a quick check: 0.05)",
+    )
     args, overrides = parser.parse_known_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from transformers.utils import logging as hf_logging
@@ -169,8 +197,10 @@ def main() -> int:
         print(f"agentrl: error: {e}", file=sys.stderr)
         return 1
     before, after = result.eval_before, result.eval_after
-    print(f"\nguess-number demo: {result.steps} RL steps, {time.perf_counter() - started:.0f} s "
-          f"in all; run directory {run_dir}")  # fmt: skip
+    print(
+        f"\nguess-number demo: {result.steps} RL steps, {time.perf_counter() - started:.0f} s "
+        f"in all; run directory {run_dir}"
+    )
     if before and after:
         report(before, after, config.eval.temperature)
         print(f"  plot: {plot(before, after, run_dir, config.env.kwargs.get('max_guesses', 0))}")

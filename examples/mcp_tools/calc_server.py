@@ -94,7 +94,8 @@ if __name__ == "__main__":
     if args.http:
         import uvicorn
 
-        uvicorn.run(server.streamable_http_app(), host="127.0.0.1", port=args.http,
-                    log_level="warning")  # fmt: skip
+        uvicorn.run(
+            server.streamable_http_app(), host="127.0.0.1", port=args.http, log_level="warning"
+        )
     else:
         anyio.run(_stdio)

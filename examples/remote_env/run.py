@@ -36,16 +36,28 @@ def healthy(url: str) -> bool:
 def start_env_server(port: int) -> subprocess.Popen[bytes]:
     """``agentrl serve-env`` in a child process; returns once it answers ``/health``."""
     url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, "-m", "agentrl.cli", "serve-env", ENV_ID,
-                               "--host", "127.0.0.1", "--port", str(port)])  # fmt: skip
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "agentrl.cli",
+            "serve-env",
+            ENV_ID,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ]
+    )
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while not healthy(url):
         if server.poll() is not None:
             raise SystemExit(f"agentrl serve-env exited ({server.returncode}) before it served")
         if time.monotonic() > deadline:
             stop(server)
-            raise SystemExit(f"agentrl serve-env did not answer {url}/health in "
-                             f"{STARTUP_TIMEOUT_S:g} s")  # fmt: skip
+            raise SystemExit(
+                f"agentrl serve-env did not answer {url}/health in {STARTUP_TIMEOUT_S:g} s"
+            )
         time.sleep(0.2)
     return server
 

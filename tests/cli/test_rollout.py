@@ -38,9 +38,9 @@ def test_an_unknown_env_is_the_first_error(capsys: pytest.CaptureFixture[str]) -
 
 
 @pytest.mark.timeout(60)
-def test_a_bad_config_file_is_reported_by_the_config_loader(tmp_path: Path,
-                                                            capsys: pytest.CaptureFixture[str]
-                                                            ) -> None:  # fmt: skip
+def test_a_bad_config_file_is_reported_by_the_config_loader(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text("[rollout\ngroup_size = 2\n")
     assert main(["rollout", "agentrl/GuessNumber-v0", "--config", str(bad)]) == 1

@@ -53,8 +53,7 @@ def verifiers(tmp_path: Path) -> str:
 
 
 def make(data: Path, verifiers: str, fn: str = "exact", **kwargs: object) -> DatasetEnv:
-    return DatasetEnv(str(data), verifier=f"{verifiers}:{fn}", prompt_column="question",
-                      **kwargs)  # type: ignore[arg-type]  # fmt: skip
+    return DatasetEnv(str(data), verifier=f"{verifiers}:{fn}", prompt_column="question", **kwargs)  # type: ignore[arg-type]
 
 
 @pytest.mark.timeout(60)
@@ -99,8 +98,14 @@ def test_splits_by_name_from_a_folder(tmp_path: Path, verifiers: str) -> None:
 
 @pytest.mark.timeout(60)
 def test_config_dataset_key_sets_the_env(data: Path, verifiers: str) -> None:
-    config = RunConfig.from_dict({"env": {"dataset": str(data), "kwargs": {
-        "verifier": f"{verifiers}:exact", "prompt_column": "question"}}})  # fmt: skip
+    config = RunConfig.from_dict(
+        {
+            "env": {
+                "dataset": str(data),
+                "kwargs": {"verifier": f"{verifiers}:exact", "prompt_column": "question"},
+            }
+        }
+    )
     assert config.env.id == DATASET_ENV_ID
     assert config.env.kwargs["dataset"] == str(data)
     recorded = json.loads(json.dumps(config.to_dict()))  # as a run records it
@@ -122,9 +127,10 @@ def test_config_dataset_key_sets_the_env(data: Path, verifiers: str) -> None:
         ("verifier-raises", r"failed on row 0 with an empty answer: KeyError"),
         ("bad-format", r"a .txt file; give .jsonl"),
     ],
-)  # fmt: skip
-def test_bad_data_gives_a_clear_error(tmp_path: Path, verifiers: str, data: Path, case: str,
-                                      message: str) -> None:  # fmt: skip
+)
+def test_bad_data_gives_a_clear_error(
+    tmp_path: Path, verifiers: str, data: Path, case: str, message: str
+) -> None:
     path, fn = data, "exact"
     if case == "missing-file":
         path = tmp_path / "nope.jsonl"

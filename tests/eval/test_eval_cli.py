@@ -89,8 +89,18 @@ def test_clear_errors_before_anything_starts(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"--episodes N"):
         job("tiny", "--env", "agentrl/Digits-v0", *out)
     with pytest.raises(ConfigError, match=r"-k 8 \(eval.k\) must be at most --concurrency 4"):
-        job("tiny", "--env", "agentrl/Digits-v0", "--episodes", "2", "-k", "8",
-            "--concurrency", "4", *out)  # fmt: skip
+        job(
+            "tiny",
+            "--env",
+            "agentrl/Digits-v0",
+            "--episodes",
+            "2",
+            "-k",
+            "8",
+            "--concurrency",
+            "4",
+            *out,
+        )
     with pytest.raises(ConfigError, match=r"--env ID"):
         job("tiny", "--episodes", "2", *out)
     with pytest.raises(ConfigError, match=r"--step needs a run directory"):

@@ -51,9 +51,25 @@ def test_eval_killed_mid_way_resumes_without_rerunning_an_episode(
     # writer's 0.2 s commit interval.
     out = tmp_path / "eval"
     kill_env = agentrl_env(model_cache, AGENTRL_FAULTS=f"generation@{KILL_AT}")
-    first = [AGENTRL, "eval", "tiny", "--env", "agentrl/GuessNumber-v0", "--episodes",
-             str(TASKS), "-k", str(K), "--concurrency", "4", "--max-tokens", "32",
-             "--max-turns", "3", "--out", str(out)]  # fmt: skip
+    first = [
+        AGENTRL,
+        "eval",
+        "tiny",
+        "--env",
+        "agentrl/GuessNumber-v0",
+        "--episodes",
+        str(TASKS),
+        "-k",
+        str(K),
+        "--concurrency",
+        "4",
+        "--max-tokens",
+        "32",
+        "--max-turns",
+        "3",
+        "--out",
+        str(out),
+    ]
     proc = Proc(first, tmp_path / "first.log", kill_env)
     assert proc.wait(200) == -9, f"the eval was not killed at its fault point:\n{proc.tail()}"
     assert f"SIGKILL at generation (hit {KILL_AT})" in proc.text(), proc.tail()
@@ -64,8 +80,7 @@ def test_eval_killed_mid_way_resumes_without_rerunning_an_episode(
     )
     env = agentrl_env(model_cache)
 
-    resumed = Proc([AGENTRL, "eval", "--resume", "--out", str(out)], tmp_path / "resume.log",
-                   env)  # fmt: skip
+    resumed = Proc([AGENTRL, "eval", "--resume", "--out", str(out)], tmp_path / "resume.log", env)
     assert resumed.wait(200) == 0, resumed.tail()
     text = resumed.text()
     assert f"({TASKS * K} episodes)" in text and "pass@4" in text and "avg@4" in text, text

@@ -66,19 +66,30 @@ def _episode(task: int, sample: int, reward: float, *, tool: bool = False) -> Tr
         mask += [0, 0, 1, 1]
     n = len(mask)
     return Trajectory(
-        episode_id=f"E#{task}/{sample}", task_id=f"E#{task}", env_id="E", seed=task,
-        token_ids=np.arange(n), logprobs=np.where(np.array(mask) == 1, -0.5, np.nan),
-        versions=np.where(np.array(mask) == 1, 0, -1), loss_mask=np.array(mask),
-        spans=tuple(spans), messages=[], turn_rewards=[reward], reward=reward,
+        episode_id=f"E#{task}/{sample}",
+        task_id=f"E#{task}",
+        env_id="E",
+        seed=task,
+        token_ids=np.arange(n),
+        logprobs=np.where(np.array(mask) == 1, -0.5, np.nan),
+        versions=np.where(np.array(mask) == 1, 0, -1),
+        loss_mask=np.array(mask),
+        spans=tuple(spans),
+        messages=[],
+        turn_rewards=[reward],
+        reward=reward,
         status="finished",
-    )  # fmt: skip
+    )
 
 
 def test_report_scores_each_task_and_averages_over_tasks() -> None:
     # task 0: 1 success in 4 (one with a tool call); task 1: 4 in 4; task 2: none
     rewards = {0: [1.0, 0.0, 0.0, 0.0], 1: [1.0] * 4, 2: [0.0] * 4}
-    trajectories = [_episode(t, i, r, tool=(t, i) == (0, 0))
-                    for t, rs in rewards.items() for i, r in enumerate(rs)]  # fmt: skip
+    trajectories = [
+        _episode(t, i, r, tool=(t, i) == (0, 0))
+        for t, rs in rewards.items()
+        for i, r in enumerate(rs)
+    ]
     report = eval_report(reversed(trajectories), env_id="E", model="m", k=4, success_reward=1.0)
     assert [t.task_id for t in report.tasks] == ["E#0", "E#1", "E#2"]
     first = report.tasks[0]
@@ -94,6 +105,9 @@ def test_report_scores_each_task_and_averages_over_tasks() -> None:
     assert summary["avg@4"] == pytest.approx(summary["pass@1"])
     assert summary["reward_mean"] == pytest.approx(5 / 12)
     assert summary["tool_use_rate"] == pytest.approx(1 / 12)
-    assert report.to_json()["per_task"][0]["pass_at"] == {"pass@1": 0.25, "pass@2": 0.5,
-                                                          "pass@4": 1.0}  # fmt: skip
+    assert report.to_json()["per_task"][0]["pass_at"] == {
+        "pass@1": 0.25,
+        "pass@2": 0.5,
+        "pass@4": 1.0,
+    }
     assert report.episodes == 12 and not math.isnan(summary["turns_per_episode"])

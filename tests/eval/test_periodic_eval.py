@@ -79,7 +79,12 @@ def test_eval_summary_scores_pass_at_k_by_task() -> None:
     trajectories = [_episode(t, i, r) for t, rs in rewards.items() for i, r in enumerate(rs)]
     row = eval_summary("during", 6, 6, trajectories, k=4, success_reward=1.0, wall_s=2.0)
     assert (row["label"], row["step"], row["tasks"], row["episodes"], row["k"]) == (
-        "during", 6, 3, 12, 4)  # fmt: skip
+        "during",
+        6,
+        3,
+        12,
+        4,
+    )
     assert row["success_rate"] == pytest.approx(5 / 12)
     assert row["pass@1"] == pytest.approx((0.25 + 1 + 0) / 3)
     assert row["pass@2"] == pytest.approx((0.5 + 1 + 0) / 3)
@@ -98,8 +103,10 @@ def test_eval_series_orders_the_rows_by_step() -> None:
         {"label": "before", "step": 0, "success_rate": 0.25, "pass@1": 0.25, "pass@2": 0.4},
         {"label": "during", "step": 2, "success_rate": 0.5, "pass@1": 0.5, "pass@2": 0.6},
     ]
-    assert eval_series(rows) == {"success rate": [(0, 0.25), (2, 0.5), (4, 0.75)],
-                                 "pass@2": [(0, 0.4), (2, 0.6), (4, 0.9)]}  # fmt: skip
+    assert eval_series(rows) == {
+        "success rate": [(0, 0.25), (2, 0.5), (4, 0.75)],
+        "pass@2": [(0, 0.4), (2, 0.6), (4, 0.9)],
+    }
 
 
 def test_eval_every_needs_held_out_episodes() -> None:

@@ -172,8 +172,10 @@ def test_filters_and_output_paths(run_dir: Path, tmp_path: Path) -> None:
     made = tmp_path / "not" / "there" / "yet.jsonl"  # replay --export: a folder is made too
     done = subprocess.run(
         [sys.executable, "-m", "agentrl.cli", "replay", str(run_dir), "--export", str(made)],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0 and len(made.read_text().splitlines()) == 9, done.stderr
     blocker = tmp_path / "a-file"
     blocker.write_text("")

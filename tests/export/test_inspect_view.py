@@ -60,10 +60,20 @@ def test_inspect_view_shows_an_exported_episode(
         asyncio.run(export_run(store, "inspect", tmp_path / "logs"))
     port = _free_port()
     proc = subprocess.Popen(
-        [str(INSPECT), "view", "--log-dir", str(tmp_path / "logs"), "--host", "127.0.0.1",
-         "--port", str(port)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        [
+            str(INSPECT),
+            "view",
+            "--log-dir",
+            str(tmp_path / "logs"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         _wait_for(port, proc)
         with playwright.sync_playwright() as p:

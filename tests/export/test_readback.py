@@ -36,8 +36,9 @@ def test_native_export_trains_an_sft_step_on_the_recorded_tokens(
     with EpisodeStore.open(run_dir, create=False) as store:
         asyncio.run(export_run(store, "jsonl", tmp_path / "out" / "episodes.jsonl"))
         stored = [t for r in replay.select(store, state=["finished"]) for t in r.trajectories]
-    back = [t for t in read_trajectories(tmp_path / "out" / "episodes.jsonl")
-            if t.status == "finished"]  # fmt: skip
+    back = [
+        t for t in read_trajectories(tmp_path / "out" / "episodes.jsonl") if t.status == "finished"
+    ]
     examples = list(sft_examples(back))
     assert len(examples) == len(stored) == 7
     for example, t in zip(examples, stored, strict=True):
@@ -115,8 +116,9 @@ def test_atif_export_trains_an_sft_step_on_the_recorded_tokens(
     with EpisodeStore.open(run_dir, create=False) as store:
         asyncio.run(export_run(store, "atif", tmp_path / "episodes.atif.jsonl"))
         stored = [t for r in replay.select(store, state=["finished"]) for t in r.trajectories]
-    back = [t for t in read_trajectories(tmp_path / "episodes.atif.jsonl")
-            if t.status == "finished"]  # fmt: skip
+    back = [
+        t for t in read_trajectories(tmp_path / "episodes.atif.jsonl") if t.status == "finished"
+    ]
     examples = list(sft_examples(back))
     want = sorted((t.token_ids.tolist(), t.loss_mask.tolist()) for t in stored)
     assert sorted((e["input_ids"], e["assistant_masks"]) for e in examples) == want

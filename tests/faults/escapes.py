@@ -51,23 +51,40 @@ class Host:
     def outside_paths(self) -> list[str]:
         """Places outside the sandbox an attack tries to write (removed afterwards)."""
         name = f"agentrl-escape-{self.token}"
-        return [str(self.target), f"/tmp/{name}", f"/dev/shm/{name}", f"/var/tmp/{name}",
-                str(ROOT / name), f"/root/{name}", str(self.dir / "newdir")]  # fmt: skip
+        return [
+            str(self.target),
+            f"/tmp/{name}",
+            f"/dev/shm/{name}",
+            f"/var/tmp/{name}",
+            str(ROOT / name),
+            f"/root/{name}",
+            str(self.dir / "newdir"),
+        ]
 
     def values(self) -> dict[str, str]:
         return {
-            "target": repr(str(self.target)), "victim_file": repr(str(self.victim_file)),
-            "dir": repr(str(self.dir)), "root": repr(str(ROOT)), "pid": str(os.getpid()),
-            "victim": str(self.victim.pid), "tcp_port": str(self.tcp.getsockname()[1]),
-            "udp_port": str(self.udp.getsockname()[1]), "unix_path": repr(str(self.unix_path)),
-            "outside": repr(self.outside_paths), "planted": repr([str(p) for p in self.planted]),
-        }  # fmt: skip
+            "target": repr(str(self.target)),
+            "victim_file": repr(str(self.victim_file)),
+            "dir": repr(str(self.dir)),
+            "root": repr(str(ROOT)),
+            "pid": str(os.getpid()),
+            "victim": str(self.victim.pid),
+            "tcp_port": str(self.tcp.getsockname()[1]),
+            "udp_port": str(self.udp.getsockname()[1]),
+            "unix_path": repr(str(self.unix_path)),
+            "outside": repr(self.outside_paths),
+            "planted": repr([str(p) for p in self.planted]),
+        }
 
     @property
     def planted(self) -> list[Path]:
         """Secrets an agent must not reach: keys, cloud credentials, a run's store."""
-        return [self.dir / "home/.ssh/id_ed25519", self.dir / "home/.aws/credentials",
-                self.dir / "run/episodes.sqlite", self.dir / "run/config.toml"]  # fmt: skip
+        return [
+            self.dir / "home/.ssh/id_ed25519",
+            self.dir / "home/.aws/credentials",
+            self.dir / "run/episodes.sqlite",
+            self.dir / "run/config.toml",
+        ]
 
     def tracer_of_victim(self) -> int:
         status = Path(f"/proc/{self.victim.pid}/status").read_text()
@@ -144,8 +161,13 @@ def attempt(key, fn):
 EPILOGUE = "\nprint('REPORT', json.dumps(report))\n"
 
 
-def _attack(name: str, body: str, *checks: Callable[[str, Host], list[str]],
-            process: bool = False, hook: bool = False) -> Attack:  # fmt: skip
+def _attack(
+    name: str,
+    body: str,
+    *checks: Callable[[str, Host], list[str]],
+    process: bool = False,
+    hook: bool = False,
+) -> Attack:
     def breaches(out: str, host: Host) -> list[str]:
         return [b for check in checks for b in check(out, host)]
 

@@ -61,8 +61,9 @@ class Proc:
     def __init__(self, args: Sequence[str], log: Path, env: dict[str, str] | None = None) -> None:
         self.log_path = log
         with open(log, "ab") as out:
-            self.proc = subprocess.Popen(list(args), stdout=out, stderr=subprocess.STDOUT,
-                                         env=env, start_new_session=True)  # fmt: skip
+            self.proc = subprocess.Popen(
+                list(args), stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
         Proc.live.append(self)
 
     @property
@@ -79,8 +80,9 @@ class Proc:
             return rc
         except subprocess.TimeoutExpired:
             self.kill()
-            raise AssertionError(f"{self.log_path.name}: still running after {timeout_s} s; "
-                                 f"log ends:\n{self.tail()}") from None  # fmt: skip
+            raise AssertionError(
+                f"{self.log_path.name}: still running after {timeout_s} s; log ends:\n{self.tail()}"
+            ) from None
 
     def kill(self) -> None:
         """SIGKILL the whole process group (the process and every child it started)."""
@@ -99,13 +101,15 @@ class Proc:
         return "\n".join(self.text().splitlines()[-lines:])
 
 
-def wait_until(predicate: Callable[[], bool], what: str, timeout_s: float = 300.0,
-               proc: Proc | None = None) -> None:  # fmt: skip
+def wait_until(
+    predicate: Callable[[], bool], what: str, timeout_s: float = 300.0, proc: Proc | None = None
+) -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():
         if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"the process exited ({proc.poll()}) before {what}; "
-                                 f"log ends:\n{proc.tail()}")  # fmt: skip
+            raise AssertionError(
+                f"the process exited ({proc.poll()}) before {what}; log ends:\n{proc.tail()}"
+            )
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
         time.sleep(0.1)

@@ -22,13 +22,17 @@ from tests.faults.harness import AGENTRL, agentrl_env, digits_config
 
 
 def _snapshot(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}  # fmt: skip
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def _train(args: list[str], env: dict[str, str], cwd: Path) -> tuple[int, str]:
-    proc = subprocess.run([AGENTRL, "train", *args], env=env, cwd=cwd, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+    proc = subprocess.run(
+        [AGENTRL, "train", *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=300
+    )
     return proc.returncode, proc.stdout + proc.stderr
 
 
@@ -79,19 +83,29 @@ def _no_chat_template(tmp_path: Path, tiny_model: Path) -> tuple[str, str]:
     return str(folder), "has no chat template"
 
 
-@pytest.mark.parametrize("case", [_not_a_model, _no_weights, _no_chat_template],
-                         ids=["not-a-model", "no-weights", "no-chat-template"])  # fmt: skip
+@pytest.mark.parametrize(
+    "case",
+    [_not_a_model, _no_weights, _no_chat_template],
+    ids=["not-a-model", "no-weights", "no-chat-template"],
+)
 def test_a_model_path_that_cannot_be_used_is_refused_before_anything_is_created(
     tmp_path: Path, tiny_model: Path, model_cache: Path, case: Any, record_fault: Any
 ) -> None:
     model, expected = case(tmp_path, tiny_model)
     before = _snapshot(Path(model))
     run_dir = tmp_path / "run"
-    rc, out = _train([str(digits_config(tmp_path)), f'--model.path="{model}"',
-                      f'--run.out="{run_dir}"'], agentrl_env(model_cache), tmp_path)  # fmt: skip
+    rc, out = _train(
+        [str(digits_config(tmp_path)), f'--model.path="{model}"', f'--run.out="{run_dir}"'],
+        agentrl_env(model_cache),
+        tmp_path,
+    )
     error = _one_error(out)
-    record_fault(f"bad input: model path ({case.__name__.strip('_').replace('_', ' ')})",
-                 injected=1, survived=int(rc == 1), lost=0)  # fmt: skip
+    record_fault(
+        f"bad input: model path ({case.__name__.strip('_').replace('_', ' ')})",
+        injected=1,
+        survived=int(rc == 1),
+        lost=0,
+    )
     assert rc == 1 and expected in error and model in error, error
     assert not run_dir.exists()
     assert _snapshot(Path(model)) == before
@@ -99,18 +113,23 @@ def test_a_model_path_that_cannot_be_used_is_refused_before_anything_is_created(
 
 @pytest.mark.parametrize(
     ("override", "expected"),
-    [("--rollout.group_size=0", "rollout.group_size"),
-     ('--trainer.lr="fast"', "trainer.lr"),
-     ("--rollout.bogus=1", "rollout.bogus"),
-     ('--inference.servers=["127.0.0.1:8000"]', "inference.servers"),
-     ('--env.id="nope/Nothing-v0"', "env.id")],
-)  # fmt: skip
+    [
+        ("--rollout.group_size=0", "rollout.group_size"),
+        ('--trainer.lr="fast"', "trainer.lr"),
+        ("--rollout.bogus=1", "rollout.bogus"),
+        ('--inference.servers=["127.0.0.1:8000"]', "inference.servers"),
+        ('--env.id="nope/Nothing-v0"', "env.id"),
+    ],
+)
 def test_a_bad_config_field_is_one_clear_error(
     tmp_path: Path, model_cache: Path, override: str, expected: str, record_fault: Any
 ) -> None:
     run_dir = tmp_path / "run"
-    rc, out = _train([str(digits_config(tmp_path)), override, f'--run.out="{run_dir}"'],
-                     agentrl_env(model_cache), tmp_path)  # fmt: skip
+    rc, out = _train(
+        [str(digits_config(tmp_path)), override, f'--run.out="{run_dir}"'],
+        agentrl_env(model_cache),
+        tmp_path,
+    )
     error = _one_error(out)
     record_fault(f"bad input: config `{override}`", injected=1, survived=int(rc == 1), lost=0)
     assert rc == 1 and expected in error, error
@@ -142,7 +161,11 @@ def test_resume_of_a_store_it_cannot_read_changes_nothing(
     rc, out = _train(["--resume", str(run)], agentrl_env(model_cache), tmp_path)
     error = _one_error(out)
     after = _snapshot(run)
-    record_fault(f"bad input: store file ({damage.__name__.strip('_')})", injected=1,
-                 survived=int(rc == 1), lost=int(after != before))  # fmt: skip
+    record_fault(
+        f"bad input: store file ({damage.__name__.strip('_')})",
+        injected=1,
+        survived=int(rc == 1),
+        lost=int(after != before),
+    )
     assert rc == 1 and expected in error and "episodes.db" in error, error
     assert after == before

@@ -210,9 +210,11 @@ async def run_tasks(
     """Run ``tasks`` (or ``tasks(runner)``) through a scheduler; return every queued group."""
     runner = EpisodeRunner(client, client.tokenizer, config)
     queue = TrajectoryQueue(1000)
-    scheduler = Scheduler(runner, queue, RolloutConfig(concurrency=concurrency,
-                                                         group_size=group_size,
-                                                         max_retries=max_retries))  # fmt: skip
+    scheduler = Scheduler(
+        runner,
+        queue,
+        RolloutConfig(concurrency=concurrency, group_size=group_size, max_retries=max_retries),
+    )
     await scheduler.run(tasks(runner) if callable(tasks) else tasks)
     groups = [await queue.get() for _ in range(len(queue))]
     return Run(groups, scheduler, runner, client)
@@ -225,9 +227,13 @@ def assert_accounted(run: Run, tasks: int, group_size: int = GROUP_SIZE) -> None
     if _RECORD:  # the fault table: measured before asserting
         record, name = _RECORD[-1]
         complete = sum(g.complete for g in run.groups)
-        record(f"episode fault: {name}", injected=1, survived=int(complete == tasks),
-               lost=max(tasks * group_size - len(set(final_ids)), 0),
-               trained_twice=len(final_ids) - len(set(final_ids)))  # fmt: skip
+        record(
+            f"episode fault: {name}",
+            injected=1,
+            survived=int(complete == tasks),
+            lost=max(tasks * group_size - len(set(final_ids)), 0),
+            trained_twice=len(final_ids) - len(set(final_ids)),
+        )
     assert len(run.groups) == len({g.task.task_id for g in run.groups}) == tasks
     for group in run.groups:
         assert group.complete and group.size == group_size, group.task
@@ -286,23 +292,35 @@ def _fresh_env_state() -> Iterable[None]:
 
 # --- 1. env faults ------------------------------------------------------------------------
 
-CONTEXT_FULL = ("context window full (512 tokens): raise inference.max_model_len "
-                "(agentrl rollout --max-model-len N)")  # fmt: skip
+CONTEXT_FULL = (
+    "context window full (512 tokens): raise inference.max_model_len "
+    "(agentrl rollout --max-model-len N)"
+)
 STEP_HANGS = "env_timeout: step took longer than 0.5 s (rollout.env_timeout_s)"
 ENV_FAULTS = [
-    pytest.param("tests/Fault-v0", "reset_raises", "failed",
-                 "env_exception: reset raised RuntimeError: reset exploded", id="reset-raises"),
-    pytest.param("tests/Fault-v0", "step_raises", "failed",
-                 "env_exception: step raised ValueError: step exploded", id="step-raises"),
-    pytest.param("tests/Fault-v0", "step_hangs", "failed",
-                 STEP_HANGS, id="sync-step-hangs"),
-    pytest.param("tests/FaultAsync-v0", "none", "failed",
-                 STEP_HANGS, id="async-step-hangs"),
-    pytest.param("tests/Fault-v0", "reset_huge_obs", "truncated", CONTEXT_FULL,
-                 id="reset-obs-beyond-context"),
-    pytest.param("tests/Fault-v0", "step_huge_obs", "truncated", CONTEXT_FULL,
-                 id="step-obs-beyond-context"),
-]  # fmt: skip
+    pytest.param(
+        "tests/Fault-v0",
+        "reset_raises",
+        "failed",
+        "env_exception: reset raised RuntimeError: reset exploded",
+        id="reset-raises",
+    ),
+    pytest.param(
+        "tests/Fault-v0",
+        "step_raises",
+        "failed",
+        "env_exception: step raised ValueError: step exploded",
+        id="step-raises",
+    ),
+    pytest.param("tests/Fault-v0", "step_hangs", "failed", STEP_HANGS, id="sync-step-hangs"),
+    pytest.param("tests/FaultAsync-v0", "none", "failed", STEP_HANGS, id="async-step-hangs"),
+    pytest.param(
+        "tests/Fault-v0", "reset_huge_obs", "truncated", CONTEXT_FULL, id="reset-obs-beyond-context"
+    ),
+    pytest.param(
+        "tests/Fault-v0", "step_huge_obs", "truncated", CONTEXT_FULL, id="step-obs-beyond-context"
+    ),
+]
 
 
 @pytest.mark.parametrize(("env_id", "fault", "status", "reason"), ENV_FAULTS)
@@ -436,8 +454,13 @@ async def test_hung_env_steps_do_not_starve_the_rest_of_the_run(tokenizer: Any) 
 
     client = ScriptedClient(tokenizer, lambda p: "Hello.", max_model_len=512)
     try:
-        run = await run_tasks(client, RolloutConfig(max_turns=4, env_timeout_s=timeout_s),
-                              tasks, group_size=1, concurrency=workers + 2)  # fmt: skip
+        run = await run_tasks(
+            client,
+            RolloutConfig(max_turns=4, env_timeout_s=timeout_s),
+            tasks,
+            group_size=1,
+            concurrency=workers + 2,
+        )
     finally:
         _RELEASE.set()
     assert_accounted(run, workers + 2, group_size=1)
@@ -453,8 +476,9 @@ async def test_an_env_close_that_hangs_does_not_hold_the_run(tokenizer: Any) -> 
     config = RolloutConfig(max_turns=4, env_timeout_s=0.5)
     try:
         async with asyncio.timeout(3):  # the run needs well under a second
-            run = await run_tasks(client, config, tasks_for("tests/Fault-v0", 3,
-                                                            fault="close_hangs"))  # fmt: skip
+            run = await run_tasks(
+                client, config, tasks_for("tests/Fault-v0", 3, fault="close_hangs")
+            )
     finally:
         _RELEASE.set()
     assert_accounted(run, 3)
@@ -489,26 +513,49 @@ class ModelFault:
 
 MODEL_FAULTS = {
     "malformed-json": ModelFault(
-        '<tool_call>{"name": "add", "arguments": {broken</tool_call>', False, "finished",
-        "right", "malformed_json", "Error: tool call is not valid JSON"),
+        '<tool_call>{"name": "add", "arguments": {broken</tool_call>',
+        False,
+        "finished",
+        "right",
+        "malformed_json",
+        "Error: tool call is not valid JSON",
+    ),
     "not-an-object": ModelFault(
-        '<tool_call>["add", 1, 2]</tool_call>', False, "finished", "right", "malformed_json",
-        'Error: a tool call must be {"name": string, "arguments": object}'),
+        '<tool_call>["add", 1, 2]</tool_call>',
+        False,
+        "finished",
+        "right",
+        "malformed_json",
+        'Error: a tool call must be {"name": string, "arguments": object}',
+    ),
     "unknown-tool": ModelFault(
-        '<tool_call>{"name": "rm_rf", "arguments": {"path": "/"}}</tool_call>', False,
-        "finished", "right", "unknown_tool",
-        "Error: unknown tool 'rm_rf'; available tools: ['add']"),
+        '<tool_call>{"name": "rm_rf", "arguments": {"path": "/"}}</tool_call>',
+        False,
+        "finished",
+        "right",
+        "unknown_tool",
+        "Error: unknown tool 'rm_rf'; available tools: ['add']",
+    ),
     "bad-arguments": ModelFault(
-        '<tool_call>{"name": "add", "arguments": {"a": "one", "b": 2}}</tool_call>', False,
-        "finished", "right", "bad_arguments",
-        "Error: argument 'a' must be integer, got str 'one'"),
+        '<tool_call>{"name": "add", "arguments": {"a": "one", "b": 2}}</tool_call>',
+        False,
+        "finished",
+        "right",
+        "bad_arguments",
+        "Error: argument 'a' must be integer, got str 'one'",
+    ),
     "call-cut-off-by-length": ModelFault(
-        CUT_CALL, False, "finished", "right", "cut_off",
-        "Error: the tool call was cut off before </tool_call>"),
+        CUT_CALL,
+        False,
+        "finished",
+        "right",
+        "cut_off",
+        "Error: the tool call was cut off before </tool_call>",
+    ),
     "endless-tool-calls": ModelFault(ADD_CALL, True, "truncated", "tool-call limit (3)"),
     "empty-turns": ModelFault("", True, "truncated", "turn limit (4) reached"),
     "turns-hit-length-limit": ModelFault(LONG_TEXT, True, "truncated", "turn limit (4) reached"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("name", list(MODEL_FAULTS))
@@ -524,8 +571,9 @@ async def test_model_faults_are_shown_to_the_model_counted_and_limited(
         return "Answer: 3" if GOOD_RESULT in text else ADD_CALL
 
     client = ScriptedClient(tokenizer, model, max_model_len=2048)
-    config = RolloutConfig(max_turns=4, max_tool_calls=3, max_tokens_per_turn=MAX_TOKENS,
-                           tool_timeout_s=1.0)  # fmt: skip
+    config = RolloutConfig(
+        max_turns=4, max_tool_calls=3, max_tokens_per_turn=MAX_TOKENS, tool_timeout_s=1.0
+    )
     run = await run_tasks(client, config, tasks_for("tests/Tool-v0", 3))
     assert_accounted(run, 3)
 
@@ -547,12 +595,17 @@ async def test_model_faults_are_shown_to_the_model_counted_and_limited(
     if name == "empty-turns":  # each turn is just the end-of-turn token, and the env saw ""
         assert all(g.token_ids == (client.eot,) for g in gens.values())
         assert all([e["action"] for e in t.env_log[1:]] == [""] * 4 for t in bad)
-        assert all([m["content"] for m in t.messages if m["role"] == "assistant"] == [""] * 4
-                   for t in bad)  # fmt: skip
+        assert all(
+            [m["content"] for m in t.messages if m["role"] == "assistant"] == [""] * 4 for t in bad
+        )
     if name == "turns-hit-length-limit":  # every turn cut at the limit, no end-of-turn token
         assert len(gens) == 4 * GROUP_SIZE
-        assert all(g.finish_reason == "length" and len(g.token_ids) == MAX_TOKENS
-                   and client.eot not in g.token_ids for g in gens.values())  # fmt: skip
+        assert all(
+            g.finish_reason == "length"
+            and len(g.token_ids) == MAX_TOKENS
+            and client.eot not in g.token_ids
+            for g in gens.values()
+        )
         for t in bad:
             spans = [s for s in t.spans if s.kind == "assistant"]
             assert [s.end - s.start for s in spans] == [MAX_TOKENS] * 4
@@ -606,8 +659,9 @@ async def test_sandbox_attacks_inside_a_run_are_contained_and_the_run_goes_on(
     tokenizer: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The shipped tool, with its limits cut down so the test stays fast.
-    limits = functools.partial(python_sandbox.SandboxLimits, wall_s=3.0, cpu_s=1,
-                               max_output_bytes=4096)  # fmt: skip
+    limits = functools.partial(
+        python_sandbox.SandboxLimits, wall_s=3.0, cpu_s=1, max_output_bytes=4096
+    )
     monkeypatch.setattr(python_sandbox, "SandboxLimits", limits)
     monkeypatch.setenv("AGENTRL_TEST_SECRET", "hunter2")
     target = tmp_path / "escaped.txt"
@@ -629,7 +683,7 @@ async def test_sandbox_attacks_inside_a_run_are_contained_and_the_run_goes_on(
     children = {p.pid for p in psutil.Process().children(recursive=True)}
     run = await run_tasks(
         client, config, tasks_for("agentrl/PythonPuzzle-v0", len(names)), concurrency=GROUP_SIZE
-    )  # fmt: skip  (one task after the other)
+    )  # one task after the other
     assert_accounted(run, len(names))
 
     outputs: dict[str, list[str]] = {}

@@ -45,8 +45,11 @@ def test_five_kills_at_five_moments_then_resume_loses_nothing(
     audits, progress = [], []
     for i, fault in enumerate(KILLS):
         env = agentrl_env(model_cache, **({"AGENTRL_FAULTS": fault} if fault else {}))
-        args = ([AGENTRL, "train", str(config), f'--run.out="{run_dir}"'] if i == 0
-                else [AGENTRL, "train", "--resume", str(run_dir)])  # fmt: skip
+        args = (
+            [AGENTRL, "train", str(config), f'--run.out="{run_dir}"']
+            if i == 0
+            else [AGENTRL, "train", "--resume", str(run_dir)]
+        )
         before = consumed_steps(run_dir)
         proc = Proc(args, tmp_path / f"attempt-{i}.log", env)
         if fault is None:  # from outside, at a random moment once it trains again
@@ -61,16 +64,23 @@ def test_five_kills_at_five_moments_then_resume_loses_nothing(
         audits.append(audit(run_dir))
         progress.append(consumed_steps(run_dir))
 
-    final = Proc([AGENTRL, "train", "--resume", str(run_dir)], tmp_path / "final.log",
-                 agentrl_env(model_cache))  # fmt: skip
+    final = Proc(
+        [AGENTRL, "train", "--resume", str(run_dir)],
+        tmp_path / "final.log",
+        agentrl_env(model_cache),
+    )
     rc = final.wait(900)
     end = audit(run_dir)
     lost = len(end["lost"]) + sum(len(a["lost"]) for a in audits)
     twice = len(end["trained_twice"]) + sum(len(a["trained_twice"]) for a in audits)
     for fault in KILLS:
-        record_fault(f"SIGKILL of `agentrl train` at {fault.split('@')[0] if fault else 'random'}",
-                     injected=1, survived=int(rc == 0 and end["ok"]), lost=lost,
-                     trained_twice=twice)  # fmt: skip
+        record_fault(
+            f"SIGKILL of `agentrl train` at {fault.split('@')[0] if fault else 'random'}",
+            injected=1,
+            survived=int(rc == 0 and end["ok"]),
+            lost=lost,
+            trained_twice=twice,
+        )
 
     assert rc == 0, final.tail()
     assert all(a["integrity"] == "ok" for a in [*audits, end])
@@ -95,9 +105,15 @@ def test_resume_warns_when_the_killed_runs_engine_process_lives_on(
 
     # a group leader with a child that outlives it, as `agentrl train` and vLLM's engine
     leader = subprocess.Popen(
-        [sys.executable, "-c", "import subprocess, sys, time; "
-         "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
-         "time.sleep(60)"], start_new_session=True)  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys, time; "
+            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+            "time.sleep(60)",
+        ],
+        start_new_session=True,
+    )
     try:
         (tmp_path / "status.json").write_text(json.dumps({"pid": leader.pid}))
         _warn_leftover_engine(tmp_path)

@@ -33,8 +33,9 @@ from agentrl.tools import ToolCall, ToolSet
 from tests.faults.escapes import ATTACKS, ROOT, Attack, Host
 from tools.python_sandbox import python_tool
 
-LIMITS = SandboxLimits(wall_s=3.0, cpu_s=1, max_disk_bytes=4 * 2**20, max_files=512,
-                       max_output_bytes=4096)  # fmt: skip
+LIMITS = SandboxLimits(
+    wall_s=3.0, cpu_s=1, max_disk_bytes=4 * 2**20, max_files=512, max_output_bytes=4096
+)
 CASES = [
     pytest.param(mechanism, attack, id=f"{mechanism}-{i:02d}")
     for i, attack in enumerate(ATTACKS)
@@ -76,14 +77,19 @@ def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Host]:
     previous = signal.signal(signal.SIGUSR1, lambda signum, frame: received.append(signum))
     victim = subprocess.Popen(["sleep", "60"], start_new_session=True)
     made = Host(
-        dir=tmp_path, secret=secret, token=secrets.token_hex(4),
+        dir=tmp_path,
+        secret=secret,
+        token=secrets.token_hex(4),
         victim_file=tmp_path / "precious.txt",
         tcp=_listening(socket.SOCK_STREAM, ("127.0.0.1", 0)),
         udp=_listening(socket.SOCK_DGRAM, ("127.0.0.1", 0)),
         unix=_listening(socket.SOCK_STREAM, str(short / "agent.sock")),
-        unix_path=short / "agent.sock", victim=victim, signals=received,
-        shadow_line=_shadow_line(), env_markers=_env_markers(),
-    )  # fmt: skip
+        unix_path=short / "agent.sock",
+        victim=victim,
+        signals=received,
+        shadow_line=_shadow_line(),
+        env_markers=_env_markers(),
+    )
     made.victim_file.write_text("precious")
     made.victim_file.chmod(0o644)
     for path in made.planted:
@@ -129,8 +135,12 @@ async def test_attack_is_contained(
         breaches.append(f"processes outlived the call: {sorted(left)}")
     if result.error is not None or elapsed > LIMITS.wall_s + 5:
         breaches.append(f"the episode could not go on: {result.error} after {elapsed:.1f} s")
-    record_fault(f"sandbox escape ({mechanism}): {attack.name}", injected=1,
-                 survived=int(not breaches), lost=0)  # fmt: skip
+    record_fault(
+        f"sandbox escape ({mechanism}): {attack.name}",
+        injected=1,
+        survived=int(not breaches),
+        lost=0,
+    )
     assert not breaches, f"{attack.name} got out of {mechanism}: {breaches}\n{out[-2000:]}"
 
 
@@ -138,14 +148,23 @@ def _python_for(uid: int) -> str | None:
     """An interpreter of this Python version that ``uid`` can start: this one when it
     can (a system Python), else the distribution's (pyenv keeps its own under /root)."""
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    for candidate in (sys.executable, os.path.realpath(sys.executable),
-                      f"/usr/bin/python{version}", f"/usr/local/bin/python{version}"):  # fmt: skip
+    for candidate in (
+        sys.executable,
+        os.path.realpath(sys.executable),
+        f"/usr/bin/python{version}",
+        f"/usr/local/bin/python{version}",
+    ):
         try:
             said = subprocess.run(
                 [candidate, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-                capture_output=True, text=True, timeout=30, user=uid, group=uid,
-                extra_groups=[], cwd="/",
-            )  # fmt: skip
+                capture_output=True,
+                text=True,
+                timeout=30,
+                user=uid,
+                group=uid,
+                extra_groups=[],
+                cwd="/",
+            )
         except (OSError, subprocess.SubprocessError):
             continue
         if said.returncode == 0 and said.stdout.strip() == version:
@@ -165,14 +184,36 @@ def test_the_suite_holds_as_an_unprivileged_user() -> None:
         pytest.skip(f"no Python {sys.version_info[:2]} that uid {nobody} can start")
     site = [p for p in sys.path if p.endswith("site-packages") and os.path.isdir(p)]
     path = os.pathsep.join([str(ROOT), *site])
-    env = {"PATH": "/usr/bin:/bin", "HOME": tempfile.gettempdir(), "LANG": "C.UTF-8",
-           "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": path}  # fmt: skip
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": tempfile.gettempdir(),
+        "LANG": "C.UTF-8",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONPATH": path,
+    }
     done = subprocess.run(
-        [python, "-m", "pytest", "-q", "-rfs", "--tb=short", "-p", "no:cacheprovider",
-         "-k", "contained", str(ROOT / "tests/faults/test_sandbox_escapes.py")],
-        capture_output=True, text=True, timeout=900, user=nobody, group=nobody,
-        extra_groups=[], cwd=str(ROOT), env=env,
-    )  # fmt: skip
+        [
+            python,
+            "-m",
+            "pytest",
+            "-q",
+            "-rfs",
+            "--tb=short",
+            "-p",
+            "no:cacheprovider",
+            "-k",
+            "contained",
+            str(ROOT / "tests/faults/test_sandbox_escapes.py"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        user=nobody,
+        group=nobody,
+        extra_groups=[],
+        cwd=str(ROOT),
+        env=env,
+    )
     said = done.stdout + done.stderr  # without the fault table's rows
     tail = "\n".join(line for line in said.splitlines() if not line.startswith("|"))[-4000:]
     assert done.returncode == 0, tail

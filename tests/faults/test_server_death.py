@@ -33,16 +33,26 @@ pytestmark = [pytest.mark.soak, pytest.mark.vllm, pytest.mark.timeout(1200)]
 
 def _serve(config: Path, port: int, log: Path, env: dict[str, str]) -> Proc:
     server = Proc([AGENTRL, "serve", str(config), "--port", str(port)], log, env)
-    wait_until(lambda: healthy(f"http://127.0.0.1:{port}"), "vllm serve to be healthy", 300,
-               server)  # fmt: skip
+    wait_until(lambda: healthy(f"http://127.0.0.1:{port}"), "vllm serve to be healthy", 300, server)
     return server
 
 
-def _train(config: Path, run_dir: Path, url: str, reconnect_s: int, log: Path,
-           env: dict[str, str]) -> Proc:  # fmt: skip
-    return Proc([AGENTRL, "train", str(config), f'--run.out="{run_dir}"',
-                 '--inference.mode="server"', f'--inference.servers=["{url}"]',
-                 f"--inference.reconnect_timeout_s={reconnect_s}"], log, env)  # fmt: skip
+def _train(
+    config: Path, run_dir: Path, url: str, reconnect_s: int, log: Path, env: dict[str, str]
+) -> Proc:
+    return Proc(
+        [
+            AGENTRL,
+            "train",
+            str(config),
+            f'--run.out="{run_dir}"',
+            '--inference.mode="server"',
+            f'--inference.servers=["{url}"]',
+            f"--inference.reconnect_timeout_s={reconnect_s}",
+        ],
+        log,
+        env,
+    )
 
 
 def test_server_killed_and_started_again_the_run_finishes(
@@ -63,9 +73,13 @@ def test_server_killed_and_started_again_the_run_finishes(
         train.kill()
         server.kill()
     end = audit(run_dir)
-    record_fault("`vllm serve` SIGKILLed mid-run, started again", injected=1,
-                 survived=int(rc == 0 and end["ok"]), lost=len(end["lost"]),
-                 trained_twice=len(end["trained_twice"]))  # fmt: skip
+    record_fault(
+        "`vllm serve` SIGKILLed mid-run, started again",
+        injected=1,
+        survived=int(rc == 0 and end["ok"]),
+        lost=len(end["lost"]),
+        trained_twice=len(end["trained_twice"]),
+    )
     log = train.text()
     assert rc == 0, train.tail()
     assert "is back, at version" in log, train.tail()
@@ -98,10 +112,13 @@ def test_server_that_never_comes_back_stops_the_run_clearly_and_resume_works(
     finally:
         server.kill()
     end = audit(run_dir)
-    record_fault("`vllm serve` SIGKILLed, never back (then --resume)", injected=1,
-                 survived=int(rc_resume == 0 and end["ok"]),
-                 lost=len(stopped["lost"]) + len(end["lost"]),
-                 trained_twice=len(end["trained_twice"]))  # fmt: skip
+    record_fault(
+        "`vllm serve` SIGKILLed, never back (then --resume)",
+        injected=1,
+        survived=int(rc_resume == 0 and end["ok"]),
+        lost=len(stopped["lost"]) + len(end["lost"]),
+        trained_twice=len(end["trained_twice"]),
+    )
 
     assert rc == 1, train.tail()
     assert len(errors) == 1, train.tail()  # one clear error, no traceback

@@ -66,20 +66,26 @@ def _nothing_left(mark: str, within_s: float) -> dict[int, str]:
     return left
 
 
-def _sigterm_three_times_then_resume(tmp_path: Path, model_cache: Path, mode: str,
-                                     record_fault: Any) -> None:  # fmt: skip
+def _sigterm_three_times_then_resume(
+    tmp_path: Path, model_cache: Path, mode: str, record_fault: Any
+) -> None:
     run_dir, config = tmp_path / "run", digits_config(tmp_path, steps=STEPS)
     grace = JobConfig().stop_grace_s  # the default a job scheduler meets (25 s)
     audits, stops = [], []
     for i, fault in enumerate(STOPS):
         mark = uuid.uuid4().hex
         env = agentrl_env(model_cache, AGENTRL_FAULTS=f"{fault}=TERM", **{MARK: mark})
-        args = ([AGENTRL, "train", str(config), f'--run.out="{run_dir}"',
-                 f'--inference.mode="{mode}"'] if i == 0
-                else [AGENTRL, "train", "--resume", str(run_dir)])  # fmt: skip
+        args = (
+            [AGENTRL, "train", str(config), f'--run.out="{run_dir}"', f'--inference.mode="{mode}"']
+            if i == 0
+            else [AGENTRL, "train", "--resume", str(run_dir)]
+        )
         proc = Proc(args, tmp_path / f"stop-{i}.log", env)
-        wait_until(lambda p=proc: "fault injection: SIGTERM" in p.text() or p.poll() is not None,
-                   "the SIGTERM", 600)  # fmt: skip
+        wait_until(
+            lambda p=proc: "fault injection: SIGTERM" in p.text() or p.poll() is not None,
+            "the SIGTERM",
+            600,
+        )
         signalled = time.monotonic()
         rc = proc.proc.wait(grace + 30)
         stops.append(time.monotonic() - signalled)
@@ -96,17 +102,24 @@ def _sigterm_three_times_then_resume(tmp_path: Path, model_cache: Path, mode: st
             proc.kill()
         audits.append(audit(run_dir))
         assert audits[-1]["ok"] and audits[-1]["integrity"] == "ok", audits[-1]
-    final = Proc([AGENTRL, "train", "--resume", str(run_dir)], tmp_path / "final.log",
-                 agentrl_env(model_cache))  # fmt: skip
+    final = Proc(
+        [AGENTRL, "train", "--resume", str(run_dir)],
+        tmp_path / "final.log",
+        agentrl_env(model_cache),
+    )
     rc = final.wait(900)
     end = audit(run_dir)
     lost = len(end["lost"]) + sum(len(a["lost"]) for a in audits)
     twice = len(end["trained_twice"]) + sum(len(a["trained_twice"]) for a in audits)
     for fault, took in zip(STOPS, stops, strict=True):
-        record_fault(f"SIGTERM of `agentrl train` ({mode} mode) at {fault.split('@')[0]}: "
-                     f"stopped in {took:.1f} s", injected=1,
-                     survived=int(rc == 0 and end["ok"]), lost=lost,
-                     trained_twice=twice)  # fmt: skip
+        record_fault(
+            f"SIGTERM of `agentrl train` ({mode} mode) at {fault.split('@')[0]}: "
+            f"stopped in {took:.1f} s",
+            injected=1,
+            survived=int(rc == 0 and end["ok"]),
+            lost=lost,
+            trained_twice=twice,
+        )
     assert rc == 0, final.tail()
     assert lost == 0 and twice == 0, (end["lost"], end["trained_twice"])
     assert end["consumed_steps"] == STEPS and end["trained_tasks"] == STEPS * 4
@@ -134,9 +147,11 @@ def test_sigkilled_train_leaves_no_vllm_serve_behind(
     the `vllm serve` it started (own session) and the server's engine process."""
     run_dir, config = tmp_path / "run", digits_config(tmp_path, steps=50)
     mark = uuid.uuid4().hex
-    proc = Proc([AGENTRL, "train", str(config), f'--run.out="{run_dir}"',
-                 '--inference.mode="server"'], tmp_path / "train.log",
-                agentrl_env(model_cache, **{MARK: mark}))  # fmt: skip
+    proc = Proc(
+        [AGENTRL, "train", str(config), f'--run.out="{run_dir}"', '--inference.mode="server"'],
+        tmp_path / "train.log",
+        agentrl_env(model_cache, **{MARK: mark}),
+    )
     try:
         wait_until(lambda: consumed_steps(run_dir) >= 1, "a step", 600, proc)
         running = _marked(mark)
@@ -146,8 +161,12 @@ def test_sigkilled_train_leaves_no_vllm_serve_behind(
         t0 = time.monotonic()
         left = _nothing_left(mark, 15)
         took = time.monotonic() - t0
-        record_fault(f"SIGKILL of `agentrl train` (server mode): its processes gone in "
-                     f"{took:.1f} s", injected=1, survived=int(not left), lost=0)  # fmt: skip
+        record_fault(
+            f"SIGKILL of `agentrl train` (server mode): its processes gone in {took:.1f} s",
+            injected=1,
+            survived=int(not left),
+            lost=0,
+        )
         assert not left, f"still running 15 s after the SIGKILL: {left}"
         assert audit(run_dir)["integrity"] == "ok"
     finally:
@@ -165,9 +184,25 @@ def test_sigterm_stops_a_rollout_cleanly_then_resume_finishes(
 
     out, mark = tmp_path / "rollout", uuid.uuid4().hex
     env = agentrl_env(model_cache, AGENTRL_FAULTS="generation@30=TERM", **{MARK: mark})
-    proc = Proc([AGENTRL, "rollout", "agentrl/GuessNumber-v0", "--episodes", "24",
-                 "--group-size", "2", "--concurrency", "8", "--max-tokens", "32",
-                 "--out", str(out)], tmp_path / "rollout.log", env)  # fmt: skip
+    proc = Proc(
+        [
+            AGENTRL,
+            "rollout",
+            "agentrl/GuessNumber-v0",
+            "--episodes",
+            "24",
+            "--group-size",
+            "2",
+            "--concurrency",
+            "8",
+            "--max-tokens",
+            "32",
+            "--out",
+            str(out),
+        ],
+        tmp_path / "rollout.log",
+        env,
+    )
     try:
         rc = proc.proc.wait(600)
         left = _nothing_left(mark, 10)
@@ -176,8 +211,11 @@ def test_sigterm_stops_a_rollout_cleanly_then_resume_finishes(
         assert not left, left
     finally:
         proc.kill()
-    again = Proc([AGENTRL, "rollout", "--resume", "--out", str(out)], tmp_path / "resume.log",
-                 agentrl_env(model_cache))  # fmt: skip
+    again = Proc(
+        [AGENTRL, "rollout", "--resume", "--out", str(out)],
+        tmp_path / "resume.log",
+        agentrl_env(model_cache),
+    )
     assert again.wait(600) == 0, again.tail()
     from agentrl.store.schema import FINAL_STATES
 
@@ -185,13 +223,19 @@ def test_sigterm_stops_a_rollout_cleanly_then_resume_finishes(
     try:
         finished = conn.execute(
             f"SELECT COUNT(DISTINCT episode_id) FROM episodes WHERE origin = 'run' AND state IN "
-            f"({', '.join('?' * len(FINAL_STATES))})", FINAL_STATES).fetchone()[0]  # fmt: skip
+            f"({', '.join('?' * len(FINAL_STATES))})",
+            FINAL_STATES,
+        ).fetchone()[0]
     finally:
         conn.close()
     report = audit(out)
     survived = int(finished == 24 and report["ok"])
-    record_fault("SIGTERM of `agentrl rollout` at generation", injected=1, survived=survived,
-                 lost=len(report["lost"]))  # fmt: skip
+    record_fault(
+        "SIGTERM of `agentrl rollout` at generation",
+        injected=1,
+        survived=survived,
+        lost=len(report["lost"]),
+    )
     assert report["ok"] and not report["lost"], report
     assert finished == 24, finished
 
@@ -210,8 +254,11 @@ def test_agentrl_serve_leaves_nothing_behind(
     from agentrl.net import free_port
 
     port, mark = free_port(), uuid.uuid4().hex
-    proc = Proc([AGENTRL, "serve", str(digits_config(tmp_path)), "--port", str(port)],
-                tmp_path / "serve.log", agentrl_env(model_cache, **{MARK: mark}))  # fmt: skip
+    proc = Proc(
+        [AGENTRL, "serve", str(digits_config(tmp_path)), "--port", str(port)],
+        tmp_path / "serve.log",
+        agentrl_env(model_cache, **{MARK: mark}),
+    )
 
     def up() -> bool:
         try:
@@ -229,8 +276,12 @@ def test_agentrl_serve_leaves_nothing_behind(
         left = _nothing_left(mark, 15)
         took = time.monotonic() - t0
         name = {15: "SIGTERM", 9: "SIGKILL"}[signum]
-        record_fault(f"{name} of `agentrl serve`: its processes gone in {took:.1f} s",
-                     injected=1, survived=int(not left), lost=0)  # fmt: skip
+        record_fault(
+            f"{name} of `agentrl serve`: its processes gone in {took:.1f} s",
+            injected=1,
+            survived=int(not left),
+            lost=0,
+        )
         assert not left, f"still running 15 s after the {name}: {left}"
     finally:
         proc.kill()

@@ -36,8 +36,11 @@ from tests.faults.test_bad_input import _one_error, _run_dir, _snapshot
 def _namespaces_work() -> bool:
     if shutil.which("unshare") is None:
         return False
-    probe = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /mnt"],
-                           capture_output=True, timeout=30)  # fmt: skip
+    probe = subprocess.run(
+        ["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /mnt"],
+        capture_output=True,
+        timeout=30,
+    )
     return probe.returncode == 0
 
 
@@ -46,21 +49,25 @@ needs_mounts = pytest.mark.skipif(
 )
 
 
-def test_a_full_store_is_a_clear_error_and_loses_nothing(tmp_path: Path,
-                                                         record_fault: Any) -> None:  # fmt: skip
+def test_a_full_store_is_a_clear_error_and_loses_nothing(tmp_path: Path, record_fault: Any) -> None:
     store = EpisodeStore.open(tmp_path)
     store.add_tasks([Task(f"t{i}", "agentrl/Digits-v0", i) for i in range(10)], 8)
     pages = store._db.execute("PRAGMA page_count").fetchone()[0]
     store._db.execute(f"PRAGMA max_page_count = {pages + 1}")  # the disk is now "full"
-    big = [Task(f"big{i}", "agentrl/Digits-v0", i, env_kwargs={"pad": "x" * 4000})
-           for i in range(50)]  # fmt: skip
+    big = [
+        Task(f"big{i}", "agentrl/Digits-v0", i, env_kwargs={"pad": "x" * 4000}) for i in range(50)
+    ]
     with pytest.raises(StoreError) as err:
         store.add_tasks(big, 8)
     message = str(err.value)
     kept = len(store.tasks())
     integrity = store.integrity_check()
-    record_fault("store: database or disk full mid-transaction", injected=1,
-                 survived=int(integrity == "ok" and kept == 10), lost=10 - kept)  # fmt: skip
+    record_fault(
+        "store: database or disk full mid-transaction",
+        injected=1,
+        survived=int(integrity == "ok" and kept == 10),
+        lost=10 - kept,
+    )
     assert "full" in message and str(tmp_path / "episodes.db") in message
     assert "disk has space" in message and "--resume" in message
     assert kept == 10, "the failed transaction was rolled back, the earlier one kept"
@@ -77,14 +84,25 @@ def test_resume_on_a_read_only_run_directory_is_one_clear_error(
 ) -> None:
     run = _run_dir(tmp_path)
     before = _snapshot(run)
-    script = (f"mount --bind -o ro {shlex.quote(str(run))} {shlex.quote(str(run))} && "
-              f"exec {AGENTRL} train --resume {shlex.quote(str(run))}")  # fmt: skip
-    proc = subprocess.run(["unshare", "-m", "sh", "-c", script], env=agentrl_env(model_cache),
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    script = (
+        f"mount --bind -o ro {shlex.quote(str(run))} {shlex.quote(str(run))} && "
+        f"exec {AGENTRL} train --resume {shlex.quote(str(run))}"
+    )
+    proc = subprocess.run(
+        ["unshare", "-m", "sh", "-c", script],
+        env=agentrl_env(model_cache),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     error = _one_error(proc.stdout + proc.stderr)
     after = _snapshot(run)
-    record_fault("run directory read-only at --resume", injected=1,
-                 survived=int(proc.returncode == 1), lost=int(after != before))  # fmt: skip
+    record_fault(
+        "run directory read-only at --resume",
+        injected=1,
+        survived=int(proc.returncode == 1),
+        lost=int(after != before),
+    )
     assert proc.returncode == 1
     assert "is not writable (a read-only file system" in error and str(run) in error, error
     assert after == before
@@ -110,22 +128,27 @@ def test_disk_full_mid_run_stops_clearly_and_resume_finishes_once_there_is_room(
         f"df -k {q(str(run))}; cp -a {q(str(run))}/. {q(str(saved))}/; exit $rc"
     )
     saved.mkdir()
-    proc = Proc(["unshare", "-m", "sh", "-c", script], tmp_path / "full.log",
-                agentrl_env(model_cache))  # fmt: skip
+    proc = Proc(
+        ["unshare", "-m", "sh", "-c", script], tmp_path / "full.log", agentrl_env(model_cache)
+    )
     rc = proc.wait(600)
     errors = [ln for ln in proc.text().splitlines() if ln.startswith("agentrl: error:")]
     shutil.rmtree(run)
     saved.rename(run)  # "space is back": the same run directory on the big disk
     stopped = audit(run)
     leftovers = [p.name for p in (run / "checkpoints").glob(".*tmp*")]
-    resumed = Proc([AGENTRL, "train", "--resume", str(run)], tmp_path / "resume.log",
-                   agentrl_env(model_cache))  # fmt: skip
+    resumed = Proc(
+        [AGENTRL, "train", "--resume", str(run)], tmp_path / "resume.log", agentrl_env(model_cache)
+    )
     rc_resume = resumed.wait(600)
     end = audit(run)
-    record_fault("run directory disk full mid-run (then --resume)", injected=1,
-                 survived=int(rc_resume == 0 and end["ok"]),
-                 lost=len(stopped["lost"]) + len(end["lost"]),
-                 trained_twice=len(end["trained_twice"]))  # fmt: skip
+    record_fault(
+        "run directory disk full mid-run (then --resume)",
+        injected=1,
+        survived=int(rc_resume == 0 and end["ok"]),
+        lost=len(stopped["lost"]) + len(end["lost"]),
+        trained_twice=len(end["trained_twice"]),
+    )
 
     assert rc == 1, proc.tail()
     assert len(errors) == 1 and "No space left on device" in errors[0], proc.tail()

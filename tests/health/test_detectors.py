@@ -23,10 +23,19 @@ def one(t, attempts=()) -> Episode:  # type: ignore[no-untyped-def]
     return Episode(t.episode_id, t.attempt, (t,), tuple(attempts))
 
 
-@pytest.mark.parametrize(("result", "leaks"), [
-    ("the answer is 1786.", True), ("1786", True), ("(1786)", True),
-    ("17860", False), ("21786", False), ("1786.5", False), ("0.1786", False), ("", False),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("result", "leaks"),
+    [
+        ("the answer is 1786.", True),
+        ("1786", True),
+        ("(1786)", True),
+        ("17860", False),
+        ("21786", False),
+        ("1786.5", False),
+        ("0.1786", False),
+        ("", False),
+    ],
+)
 def test_an_answer_leaks_only_as_a_whole_number(result: str, leaks: bool) -> None:
     t = episode("a/0", [[1] * 20, [2] * 20], info={"target": 1786}, tool_results=[result])
     assert (answer_leak(one(t), CONTEXT) is not None) == leaks
@@ -64,5 +73,6 @@ def test_reward_jump_counts_ended_attempts_and_flags_the_latest() -> None:
     earlier = episode("a/0", [[1]], attempt=0)
     assert reward_jump(one(earlier, jumped), CONTEXT) is None  # flagged once, at the latest
     retried_after_failure = (Attempt(0, 0.0, "failed"), Attempt(1, 1.0, "finished"))
-    assert reward_jump(one(episode("a/0", [[1]], attempt=1), retried_after_failure),
-                       CONTEXT) is None  # fmt: skip
+    assert (
+        reward_jump(one(episode("a/0", [[1]], attempt=1), retried_after_failure), CONTEXT) is None
+    )

@@ -83,14 +83,22 @@ CASES: dict[str, tuple[Callable[[Row], None], int]] = {
     "looping turns": (from_step(30, ngram_repeat_share=0.5), 30),
 }
 RULE_OF = {
-    "entropy floor": "entropy_collapse", "entropy fall": "entropy_collapse",
-    "kl jump": "kl_accelerating", "mismatch jump": "mismatch_accelerating",
-    "length collapse": "response_length", "length blow-up": "response_length",
-    "single turns": "turns_collapse", "reward without success": "reward_without_success",
-    "zero variance": "zero_variance", "tool errors": "tool_errors",
-    "truncation": "truncation", "staleness": "staleness", "clipped": "clipped_weights",
-    "same completions": "degenerate_text", "looping turns": "degenerate_text",
-}  # fmt: skip
+    "entropy floor": "entropy_collapse",
+    "entropy fall": "entropy_collapse",
+    "kl jump": "kl_accelerating",
+    "mismatch jump": "mismatch_accelerating",
+    "length collapse": "response_length",
+    "length blow-up": "response_length",
+    "single turns": "turns_collapse",
+    "reward without success": "reward_without_success",
+    "zero variance": "zero_variance",
+    "tool errors": "tool_errors",
+    "truncation": "truncation",
+    "staleness": "staleness",
+    "clipped": "clipped_weights",
+    "same completions": "degenerate_text",
+    "looping turns": "degenerate_text",
+}
 
 
 def test_the_healthy_run_fires_nothing() -> None:

@@ -27,14 +27,21 @@ HEALTHY = 250
 def healthy_episode(i: int, rng: np.random.Generator) -> Trajectory:
     """1-3 turns of 15-40 varied tokens; tool results that do not give the answer away."""
     answer = str(1000 + i)
-    turns = [list(rng.integers(100, 30_000, int(rng.integers(15, 40))))
-             for _ in range(int(rng.integers(1, 4)))]  # fmt: skip
+    turns = [
+        list(rng.integers(100, 30_000, int(rng.integers(15, 40))))
+        for _ in range(int(rng.integers(1, 4)))
+    ]
     results = [f"calculator: {int(rng.integers(0, 999))}" for _ in turns]
     truncated = rng.random() < 0.05
     reward = 0.0 if truncated else float(rng.random() < 0.6)
-    return episode(f"h{i}/0", turns, reward=reward, tool_results=results,
-                   status="truncated" if truncated else "finished",
-                   info={"target": answer, "success": reward == 1.0})  # fmt: skip
+    return episode(
+        f"h{i}/0",
+        turns,
+        reward=reward,
+        tool_results=results,
+        status="truncated" if truncated else "finished",
+        info={"target": answer, "success": reward == 1.0},
+    )
 
 
 def planted() -> dict[str, list[Trajectory]]:
@@ -47,18 +54,30 @@ def planted() -> dict[str, list[Trajectory]]:
         "cut/0": [episode("cut/0", words, reward=1.0, status="truncated")],
         "long/0": [episode("long/0", [list(rng.integers(100, 30_000, 1200))])],
         "short/0": [episode("short/0", [[101]])],
-        "leak/0": [episode("leak/0", [*words, [11, 12]], info={"target": "1786"},
-                           tool_results=["the answer is 1786."])],
-        "jump/0": [episode("jump/0", words, reward=0.0, attempt=0),
-                   episode("jump/0", words, reward=1.0, attempt=1)],
-    }  # fmt: skip
+        "leak/0": [
+            episode(
+                "leak/0",
+                [*words, [11, 12]],
+                info={"target": "1786"},
+                tool_results=["the answer is 1786."],
+            )
+        ],
+        "jump/0": [
+            episode("jump/0", words, reward=0.0, attempt=0),
+            episode("jump/0", words, reward=1.0, attempt=1),
+        ],
+    }
 
 
 EXPECTED = {
-    "loop/0": "repeated_text", "gamed/0": "reward_without_success",
-    "cut/0": "reward_without_success", "long/0": "extreme_length",
-    "short/0": "extreme_length", "leak/0": "answer_leak", "jump/0": "reward_jump",
-}  # fmt: skip
+    "loop/0": "repeated_text",
+    "gamed/0": "reward_without_success",
+    "cut/0": "reward_without_success",
+    "long/0": "extreme_length",
+    "short/0": "extreme_length",
+    "leak/0": "answer_leak",
+    "jump/0": "reward_jump",
+}
 
 
 async def write_run(run_dir: Path) -> None:
@@ -98,8 +117,11 @@ def test_scan_finds_every_planted_episode_and_few_others(run_dir: Path) -> None:
     report = scan_run(run_dir)
     assert digest(run_dir) == before  # read only
     assert report.episodes == HEALTHY + 8
-    found = {f.episode_id: [name for name, _ in f.reasons] for f in report.flagged
-             if f.episode_id in EXPECTED}  # fmt: skip
+    found = {
+        f.episode_id: [name for name, _ in f.reasons]
+        for f in report.flagged
+        if f.episode_id in EXPECTED
+    }
     for episode_id, detector in EXPECTED.items():
         assert detector in found.get(episode_id, []), (episode_id, found.get(episode_id))
     healthy_flagged = [f for f in report.flagged if f.episode_id not in EXPECTED]
@@ -111,8 +133,9 @@ def test_scan_finds_every_planted_episode_and_few_others(run_dir: Path) -> None:
     assert [(w.rule, w.step) for w in report.warnings] == [("response_length", 23)]
 
 
-def test_the_cli_lists_them_with_replay_commands(run_dir: Path, capsys: pytest.CaptureFixture[str]
-                                                 ) -> None:  # fmt: skip
+def test_the_cli_lists_them_with_replay_commands(
+    run_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["scan", str(run_dir)]) == 0
     out = capsys.readouterr().out
     assert "1 warnings" in out and "response_length" in out
@@ -124,29 +147,46 @@ def test_the_cli_lists_them_with_replay_commands(run_dir: Path, capsys: pytest.C
     assert "long/0" not in ids and "leak/0" in ids and report["steps"] == 40
 
 
-def test_a_detector_of_ones_own(run_dir: Path, tmp_path: Path,
-                                capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_a_detector_of_ones_own(
+    run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     mine = tmp_path / "mine.py"
     mine.write_text(
         "def three_turns(episode, context):\n"
         "    turns = sum(m['role'] == 'assistant' for m in episode.final.messages)\n"
         "    return f'{turns} turns' if episode.episode_id == 'h7/0' else None\n"
     )
-    assert main(["scan", str(run_dir), "--only", "answer_leak", "--detector",
-                 f"{mine}:three_turns", "--json"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "scan",
+                str(run_dir),
+                "--only",
+                "answer_leak",
+                "--detector",
+                f"{mine}:three_turns",
+                "--json",
+            ]
+        )
+        == 0
+    )
     flagged = {f["episode"]: f["reasons"] for f in json.loads(capsys.readouterr().out)["flagged"]}
     assert set(flagged) == {"leak/0", "h7/0"}
     assert flagged["h7/0"][0][0] == "three_turns"
 
 
-@pytest.mark.parametrize(("args", "words"), [
-    (["--detector", "nomodule_xyz:f"], ["nomodule_xyz", "cannot import"]),
-    (["--detector", "json"], ["module:function"]),
-    (["--detector", "json:nothing_here"], ["no function", "nothing_here"]),
-    (["--only", "spelling"], ["no detector 'spelling'", "answer_leak"]),
-])  # fmt: skip
-def test_bad_flags_get_one_clear_line(run_dir: Path, args: list[str], words: list[str],
-                                      capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--detector", "nomodule_xyz:f"], ["nomodule_xyz", "cannot import"]),
+        (["--detector", "json"], ["module:function"]),
+        (["--detector", "json:nothing_here"], ["no function", "nothing_here"]),
+        (["--only", "spelling"], ["no detector 'spelling'", "answer_leak"]),
+    ],
+)
+def test_bad_flags_get_one_clear_line(
+    run_dir: Path, args: list[str], words: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["scan", str(run_dir), *args]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("agentrl: error:") and len(err.splitlines()) == 1

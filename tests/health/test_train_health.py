@@ -44,14 +44,18 @@ stop_on = ["entropy_collapse"]
 @pytest.mark.vllm
 @pytest.mark.soak  # a whole `agentrl train` (minutes on 2 cores): in `make soak`
 @pytest.mark.timeout(900)
-def test_stop_on_stops_resumably_and_scan_reads_the_run(tmp_path: Path,
-                                                        model_cache: Path) -> None:  # fmt: skip
+def test_stop_on_stops_resumably_and_scan_reads_the_run(tmp_path: Path, model_cache: Path) -> None:
     run_dir = tmp_path / "run"
     config = tmp_path / "health.toml"
     config.write_text(CONFIG)
     env = {**os.environ, "AGENTRL_CACHE": str(model_cache)}
-    proc = subprocess.run([AGENTRL, "train", str(config), f'--run.out="{run_dir}"'], env=env,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    proc = subprocess.run(
+        [AGENTRL, "train", str(config), f'--run.out="{run_dir}"'],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "health: entropy_collapse at step 1" in proc.stderr  # the log
     error = proc.stderr.strip().splitlines()[-1]
@@ -66,14 +70,24 @@ def test_stop_on_stops_resumably_and_scan_reads_the_run(tmp_path: Path,
     assert status["state"] == "stopped"
     assert latest_checkpoint(run_dir / "checkpoints") is not None  # step 1, not a due one
 
-    proc = subprocess.run([AGENTRL, "train", "--resume", str(run_dir), "--health.stop_on=[]"],
-                          env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    proc = subprocess.run(
+        [AGENTRL, "train", "--resume", str(run_dir), "--health.stop_on=[]"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "resumed at step 1" in proc.stdout
     assert [r["step"] for r in read_metrics(run_dir)] == [1, 2, 3]
 
-    proc = subprocess.run([AGENTRL, "scan", str(run_dir), "--json"], env=env,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        [AGENTRL, "scan", str(run_dir), "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["steps"] == 3 and report["episodes"] >= 3 * 2 * 4

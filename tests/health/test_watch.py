@@ -68,17 +68,36 @@ def test_the_status_hook_puts_warnings_in_the_row_status_and_display(tmp_path: P
     rows = []
     for step in range(1, 5):
         turn = [7, 8, 9, 10] * 10 if step >= 3 else list(range(step, step + 40))
-        groups = [group(f"t{i}", [episode(f"t{i}/{j}", [turn], reward=float(j % 2),
-                                          texts=[f"{i} {j}"]) for j in range(4)])
-                  for i in range(2)]  # fmt: skip
-        stats = StepStats(**{**fields, "step": step, "version": step, "fresh_tokens": 0,
-                             "tokens": 1, "sequences": 1})  # fmt: skip
+        groups = [
+            group(
+                f"t{i}",
+                [
+                    episode(f"t{i}/{j}", [turn], reward=float(j % 2), texts=[f"{i} {j}"])
+                    for j in range(4)
+                ],
+            )
+            for i in range(2)
+        ]
+        stats = StepStats(
+            **{
+                **fields,
+                "step": step,
+                "version": step,
+                "fresh_tokens": 0,
+                "tokens": 1,
+                "sequences": 1,
+            }
+        )
         rows.append(status.record_step(StepRecord(stats, None, 0.1, groups)))
     assert "health" not in rows[1]
     assert rows[2]["ngram_repeat_share"] == 1.0
-    assert rows[2]["health"] == [{"rule": "degenerate_text", "step": 3,
-                                  "message": "100% of assistant turns loop on one repeated "
-                                  "n-gram"}]  # fmt: skip
+    assert rows[2]["health"] == [
+        {
+            "rule": "degenerate_text",
+            "step": 3,
+            "message": "100% of assistant turns loop on one repeated n-gram",
+        }
+    ]
     assert "health" not in rows[3]  # once per episode of trouble
     snap = status.snapshot()
     assert [w["rule"] for w in snap["health"]] == ["degenerate_text"]

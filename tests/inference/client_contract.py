@@ -50,8 +50,9 @@ async def long_greedy(client: InferenceClient, request_id: str) -> Generation:
     return result
 
 
-async def token_counts(client: InferenceClient, request_id: str, task: asyncio.Task,
-                       outputs: int = 3) -> list[int]:  # fmt: skip
+async def token_counts(
+    client: InferenceClient, request_id: str, task: asyncio.Task, outputs: int = 3
+) -> list[int]:
     """A running request's sampled-token count at each of its first ``outputs`` outputs
     (fewer if ``task``, the request, ends first)."""
     seen: list[int] = []

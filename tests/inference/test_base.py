@@ -19,8 +19,13 @@ def test_a_prompt_reaches_the_engine_as_a_new_list_of_python_ints() -> None:
     assert out == ids and out is not ids
     out.append(1)
     assert ids == [151644, 872, 198, 0]
-    for given in (tuple(ids), np.array(ids, np.int32), np.array(ids, np.int64),
-                  [np.int64(151644), 872, np.int32(198), 0], list(np.array(ids))):  # fmt: skip
+    for given in (
+        tuple(ids),
+        np.array(ids, np.int32),
+        np.array(ids, np.int64),
+        [np.int64(151644), 872, np.int32(198), 0],
+        list(np.array(ids)),
+    ):
         out = token_list(given)
         assert out == ids and {type(t) for t in out} == {int}, given
     assert token_list([True, False, 2]) == [1, 0, 2]

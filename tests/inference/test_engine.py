@@ -107,8 +107,10 @@ async def test_close_lets_the_engine_core_exit_on_its_own_on_a_busy_machine(
     processes = list(client._engine.engine_core.resources.engine_manager.processes)
     assert processes and all(p.is_alive() for p in processes)
     with cores.every_core():  # busy on every core, not only those this process keeps to
-        busy = [await asyncio.create_subprocess_exec(sys.executable, "-c", "while True: pass")
-                for _ in range(2)]  # fmt: skip
+        busy = [
+            await asyncio.create_subprocess_exec(sys.executable, "-c", "while True: pass")
+            for _ in range(2)
+        ]
     try:
         await client.close()
     finally:

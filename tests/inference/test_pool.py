@@ -27,8 +27,7 @@ from agentrl.rollout.controller import RolloutController
 
 pytestmark = [pytest.mark.timeout(600)]
 
-CONFIG = InferenceConfig(max_model_len=512, kv_cache_mib=64,
-                         max_num_seqs=64, startup_timeout_s=240)  # fmt: skip
+CONFIG = InferenceConfig(max_model_len=512, kv_cache_mib=64, max_num_seqs=64, startup_timeout_s=240)
 
 
 async def until(predicate: Any, what: str, timeout_s: float = 300.0) -> None:
@@ -55,9 +54,14 @@ async def test_killed_server_fails_over_restarts_and_catches_up(
     )
     victim, survivor = servers
     try:
-        pool = ServerPool([s.url for s in servers], config,
-                          managed={s.url: s for s in servers}, health_interval_s=0.5,
-                          reconnect_timeout_s=240, max_restarts=1)  # fmt: skip
+        pool = ServerPool(
+            [s.url for s in servers],
+            config,
+            managed={s.url: s for s in servers},
+            health_interval_s=0.5,
+            reconnect_timeout_s=240,
+            max_restarts=1,
+        )
         async with pool:
             queue = TrajectoryQueue(1000)
             rollout = RolloutConfig(max_turns=4, max_tokens_per_turn=48)
@@ -67,10 +71,14 @@ async def test_killed_server_fails_over_restarts_and_catches_up(
             job = asyncio.create_task(scheduler.run(tasks_for("agentrl/GuessNumber-v0", 48)))
 
             # Let both servers sample, then kill one with requests in flight on it.
-            await until(lambda: {u for _, u in pool.routes} >= {victim.url, survivor.url},
-                        "both servers to get requests")  # fmt: skip
-            await until(lambda: any(m.url == victim.url and m.load for m in pool.members),
-                        "a request in flight on the victim")  # fmt: skip
+            await until(
+                lambda: {u for _, u in pool.routes} >= {victim.url, survivor.url},
+                "both servers to get requests",
+            )
+            await until(
+                lambda: any(m.url == victim.url and m.load for m in pool.members),
+                "a request in flight on the victim",
+            )
             os.killpg(victim.pid, signal.SIGKILL)
             killed_at = len(pool.routes)
             await until(lambda: any(e.event == "down" for e in pool.events), "the down event")
@@ -129,8 +137,9 @@ async def test_no_server_left_stops_with_a_clear_message(tiny_model: Path, tmp_p
     config = CONFIG
     server = await VLLMServer.start(str(tiny_model), config, log_dir=tmp_path / "logs")
     try:
-        async with ServerPool([server.url], config, health_interval_s=0.2,
-                              reconnect_timeout_s=3) as pool:  # fmt: skip
+        async with ServerPool(
+            [server.url], config, health_interval_s=0.2, reconnect_timeout_s=3
+        ) as pool:
             from agentrl.inference import SamplingConfig
 
             gen = await pool.generate([1, 2, 3], SamplingConfig(max_tokens=4), "ep-0")
@@ -152,8 +161,9 @@ async def test_requests_waiting_for_a_server_end_promptly_when_aborted_or_cancel
 
     url = f"http://127.0.0.1:{free_port()}"
     sampling = SamplingConfig(max_tokens=4)
-    async with ServerPool([url], InferenceConfig(), health_interval_s=0.1,
-                          reconnect_timeout_s=2) as pool:  # fmt: skip
+    async with ServerPool(
+        [url], InferenceConfig(), health_interval_s=0.1, reconnect_timeout_s=2
+    ) as pool:
         waiting = asyncio.create_task(pool.generate([1, 2], sampling, "ep-a-0"))
         await until(lambda: "ep-a-0" in pool.requests.ids() and pool.events, "a waiter", 10)
         t0 = time.monotonic()

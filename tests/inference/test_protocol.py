@@ -64,9 +64,19 @@ def mismatches(protocol: type, implementation: type) -> list[str]:
 
 def test_the_protocol_declares_what_callers_need() -> None:
     declared = set(members(InferenceClient))
-    assert declared >= {"version", "max_model_len", "requests", "generate", "abort",
-                        "reload_weights", "load_lora_adapter", "push_weights", "close",
-                        "__aenter__", "__aexit__"}  # fmt: skip
+    assert declared >= {
+        "version",
+        "max_model_len",
+        "requests",
+        "generate",
+        "abort",
+        "reload_weights",
+        "load_lora_adapter",
+        "push_weights",
+        "close",
+        "__aenter__",
+        "__aexit__",
+    }
     for name, value in members(InferenceClient).items():
         function = value.fget if isinstance(value, property) else value
         assert inspect.getdoc(function), f"InferenceClient.{name} has no docstring"

@@ -77,8 +77,12 @@ def _demo(cwd: Path, model_cache: Path, *flags: str) -> str:
     env.pop("VLLM_CONFIGURE_LOGGING", None)  # as in a user's shell (conftest sets it)
     out = subprocess.run(
         [sys.executable, "-m", "agentrl.cli", *flags, "demo", "--max-tokens", "4"],
-        capture_output=True, text=True, timeout=600, env=env, cwd=cwd,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        cwd=cwd,
+    )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     assert "12 tokens in" in out.stdout, out.stdout  # three answers of 4 tokens
     return out.stdout + out.stderr

@@ -95,9 +95,10 @@ async def test_tokens_stream_in_steps_and_an_abort_keeps_an_exact_prefix(
     assert streamed <= n < len(full.token_ids) and len(partial.logprobs) == n
     assert partial.token_ids == full.token_ids[:n]
     rest = await client.generate(
-        PROMPT + list(partial.token_ids), SamplingConfig(max_tokens=200 - n, temperature=0.0),
+        PROMPT + list(partial.token_ids),
+        SamplingConfig(max_tokens=200 - n, temperature=0.0),
         "steps-resume",
-    )  # fmt: skip
+    )
     assert partial.token_ids + rest.token_ids == full.token_ids
 
 
@@ -112,8 +113,7 @@ async def test_requests_one_after_another_reuse_one_connection(
     trace.on_connection_create_end.append(lambda *_: _note(created))
     trace.on_connection_reuseconn.append(lambda *_: _note(reused))
     session = aiohttp.ClientSession  # the client's own session, with the trace added
-    monkeypatch.setattr(aiohttp, "ClientSession",
-                        lambda **kw: session(**kw, trace_configs=[trace]))  # fmt: skip
+    monkeypatch.setattr(aiohttp, "ClientSession", lambda **kw: session(**kw, trace_configs=[trace]))
     async with VLLMServerClient(client.base_url, InferenceConfig()) as fresh:
         await fresh.model_name()
         for i in range(3):

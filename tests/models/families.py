@@ -98,10 +98,12 @@ CUT: dict[str, str] = {
     "mistral": '[TOOL_CALLS] [{"name": "add", "arguments": {"a": 2, "b": 3' + " " * 200,
     "olmo3": "<function_calls>\nadd(a=2, b=3" + " " * 200,
 }
-UNKNOWN: dict[str, str] = {k: v.replace('"add"', '"sub"').replace("add(", "sub(")
-                           for k, v in CALLS.items()}  # fmt: skip
-BAD_ARGUMENTS: dict[str, str] = {k: v.replace("3", '"three"').replace("b=\"three\"", "b='three'")
-                                 for k, v in CALLS.items()}  # fmt: skip
+UNKNOWN: dict[str, str] = {
+    k: v.replace('"add"', '"sub"').replace("add(", "sub(") for k, v in CALLS.items()
+}
+BAD_ARGUMENTS: dict[str, str] = {
+    k: v.replace("3", '"three"').replace('b="three"', "b='three'") for k, v in CALLS.items()
+}
 
 
 def thinking(fam: Family, text: str) -> str:
@@ -111,8 +113,11 @@ def thinking(fam: Family, text: str) -> str:
 
 def sample_conversation() -> list[dict[str, Any]]:
     """A tool conversation to train the tokenizer on (structured tool calls)."""
-    call = {"id": "t0000c000", "type": "function",
-            "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}  # fmt: skip
+    call = {
+        "id": "t0000c000",
+        "type": "function",
+        "function": {"name": "add", "arguments": {"a": 2, "b": 3}},
+    }
     return [
         {"role": "system", "content": "Use the add tool, then answer with 'Answer: N'."},
         {"role": "user", "content": "What is 2 + 3?"},
@@ -131,16 +136,26 @@ def build_tokenizer(fam: Family, *, vocab_size: int = 700) -> Any:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=fam.special_tokens,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  min_frequency=2, show_progress=False)  # fmt: skip
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=fam.special_tokens,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        min_frequency=2,
+        show_progress=False,
+    )
     tok.train_from_iterator(_corpus(fam), trainer=trainer)
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token=fam.bos, eos_token=fam.eos, pad_token=fam.pad,
-        additional_special_tokens=[t for t in fam.special_tokens if t not in (fam.bos, fam.eos,
-                                                                              fam.pad)],
-        chat_template=fam.template, clean_up_tokenization_spaces=False, model_max_length=4096,
-    )  # fmt: skip
+        tokenizer_object=tok,
+        bos_token=fam.bos,
+        eos_token=fam.eos,
+        pad_token=fam.pad,
+        additional_special_tokens=[
+            t for t in fam.special_tokens if t not in (fam.bos, fam.eos, fam.pad)
+        ],
+        chat_template=fam.template,
+        clean_up_tokenization_spaces=False,
+        model_max_length=4096,
+    )
 
 
 def _corpus(fam: Family) -> list[str]:
@@ -155,9 +170,14 @@ def _corpus(fam: Family) -> list[str]:
     texts = [fam.template, *CALLS.values(), *MALFORMED.values()]
     for end in (2, 5, 6):
         texts.append(
-            template.render(messages=conv[:end], tools=[ADD_SCHEMA], bos_token=fam.bos or "",
-                            eos_token=fam.eos, add_generation_prompt=True)
-        )  # fmt: skip
+            template.render(
+                messages=conv[:end],
+                tools=[ADD_SCHEMA],
+                bos_token=fam.bos or "",
+                eos_token=fam.eos,
+                add_generation_prompt=True,
+            )
+        )
     return texts * 20
 
 
@@ -169,8 +189,13 @@ class FamilyClient:
     """Scripted model output for a family: ``reply(prompt_ids)`` tokenized, then the
     family's end-of-turn token (an inference client for the runner)."""
 
-    def __init__(self, tokenizer: Any, reply: Callable[[Sequence[int]], str],
-                 end_of_turn: str, max_model_len: int = 4096) -> None:  # fmt: skip
+    def __init__(
+        self,
+        tokenizer: Any,
+        reply: Callable[[Sequence[int]], str],
+        end_of_turn: str,
+        max_model_len: int = 4096,
+    ) -> None:
         self.tokenizer = tokenizer
         self.reply = reply
         self.version = 0
@@ -178,17 +203,26 @@ class FamilyClient:
         self.eot = tokenizer.convert_tokens_to_ids(end_of_turn)
         self.calls: list[tuple[list[int], Any]] = []
 
-    async def generate(self, prompt_token_ids: Sequence[int], sampling: Any,
-                       request_id: str) -> Any:  # fmt: skip
+    async def generate(
+        self, prompt_token_ids: Sequence[int], sampling: Any, request_id: str
+    ) -> Any:
         from agentrl.inference.base import Generation
 
-        ids = [*self.tokenizer.encode(self.reply(prompt_token_ids), add_special_tokens=False),
-               self.eot]  # fmt: skip
+        ids = [
+            *self.tokenizer.encode(self.reply(prompt_token_ids), add_special_tokens=False),
+            self.eot,
+        ]
         finish = "stop"
         if len(ids) > sampling.max_tokens:
             ids, finish = ids[: sampling.max_tokens], "length"
-        gen = Generation(request_id, tuple(ids), tuple(-0.5 for _ in ids), finish,
-                         self.version, len(prompt_token_ids))  # fmt: skip
+        gen = Generation(
+            request_id,
+            tuple(ids),
+            tuple(-0.5 for _ in ids),
+            finish,
+            self.version,
+            len(prompt_token_ids),
+        )
         self.calls.append((list(prompt_token_ids), gen))
         return gen
 
@@ -210,8 +244,9 @@ class RecordingClient:
     def max_model_len(self) -> int:
         return int(self.client.max_model_len)
 
-    async def generate(self, prompt_token_ids: Sequence[int], sampling: Any,
-                       request_id: str) -> Any:  # fmt: skip
+    async def generate(
+        self, prompt_token_ids: Sequence[int], sampling: Any, request_id: str
+    ) -> Any:
         gen = await self.client.generate(prompt_token_ids, sampling, request_id)
         self.calls.append((list(prompt_token_ids), gen))
         return gen
@@ -265,13 +300,20 @@ def script(*replies: str) -> Callable[[Sequence[int]], str]:
 
 
 async def run_task(
-    client: Any, tokenizer: Any, *, max_tokens: int = 120, model: ModelConfig | None = None,
-    temperature: float = 1.0, env_id: str = "tests/FamilyAdd-v0", **env_kwargs: Any,
-) -> tuple[tuple[Trajectory, ...], EpisodeRunner]:  # fmt: skip
+    client: Any,
+    tokenizer: Any,
+    *,
+    max_tokens: int = 120,
+    model: ModelConfig | None = None,
+    temperature: float = 1.0,
+    env_id: str = "tests/FamilyAdd-v0",
+    **env_kwargs: Any,
+) -> tuple[tuple[Trajectory, ...], EpisodeRunner]:
     """One episode of :class:`AddEnv` (or ``env_id``, an env like it) against ``client``,
     read as ``model`` says."""
-    config = RolloutConfig(max_turns=6, max_tool_calls=4, max_tokens_per_turn=max_tokens,
-                           temperature=temperature)  # fmt: skip
+    config = RolloutConfig(
+        max_turns=6, max_tool_calls=4, max_tokens_per_turn=max_tokens, temperature=temperature
+    )
     chat = resolve_chat_format(tokenizer, model)
     runner = EpisodeRunner(client, tokenizer, config, chat=chat)
     task = Task("t#0", env_id, 0, env_kwargs=env_kwargs)
@@ -280,28 +322,42 @@ async def run_task(
 
 
 async def run_episode(
-    tokenizer: Any, fam: Family, replies: list[str], *, max_tokens: int = 120,
-    model: ModelConfig | None = None, env_id: str = "tests/FamilyAdd-v0", **env_kwargs: Any,
-) -> tuple[tuple[Trajectory, ...], FamilyClient, EpisodeRunner]:  # fmt: skip
+    tokenizer: Any,
+    fam: Family,
+    replies: list[str],
+    *,
+    max_tokens: int = 120,
+    model: ModelConfig | None = None,
+    env_id: str = "tests/FamilyAdd-v0",
+    **env_kwargs: Any,
+) -> tuple[tuple[Trajectory, ...], FamilyClient, EpisodeRunner]:
     """One episode of :class:`AddEnv` (or ``env_id``) with ``replies`` as the model's turns."""
     client = FamilyClient(tokenizer, script(*replies), fam.eos)
-    trajectories, runner = await run_task(client, tokenizer, max_tokens=max_tokens,
-                                          model=model, env_id=env_id, **env_kwargs)  # fmt: skip
+    trajectories, runner = await run_task(
+        client, tokenizer, max_tokens=max_tokens, model=model, env_id=env_id, **env_kwargs
+    )
     return trajectories, client, runner
 
 
-def render(tokenizer: Any, messages: list[dict[str, Any]], gen: bool,
-           **template_kwargs: Any) -> list[int]:  # fmt: skip
+def render(
+    tokenizer: Any, messages: list[dict[str, Any]], gen: bool, **template_kwargs: Any
+) -> list[int]:
     """The template's tokens for ``messages`` with :class:`AddEnv`'s tool."""
     tools = [Tool(add).schema]
-    out = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=gen,
-                                        tokenize=True, return_dict=True,
-                                        **template_kwargs)  # fmt: skip
+    out = tokenizer.apply_chat_template(
+        messages,
+        tools=tools,
+        add_generation_prompt=gen,
+        tokenize=True,
+        return_dict=True,
+        **template_kwargs,
+    )
     return list(out["input_ids"])
 
 
-def assert_token_record(traj: Trajectory, client: Any, tokenizer: Any,
-                        **template_kwargs: Any) -> None:  # fmt: skip
+def assert_token_record(
+    traj: Trajectory, client: Any, tokenizer: Any, **template_kwargs: Any
+) -> None:
     """token_ids = the sampled tokens, exactly, plus the template's own renderings
     (``client``: a :class:`FamilyClient` or :class:`RecordingClient`)."""
     ids = list(traj.token_ids)

@@ -41,8 +41,9 @@ class TaughtModel:
     """The episode's token record the model was taught (prompt, sampled and rendered)."""
 
 
-def build_family_model(fam: Family, parent: Path, *,
-                       env_id: str = "tests/FamilyAdd-v0") -> TaughtModel:  # fmt: skip
+def build_family_model(
+    fam: Family, parent: Path, *, env_id: str = "tests/FamilyAdd-v0"
+) -> TaughtModel:
     """The taught model of ``fam`` under ``parent`` (built if it is not there yet), taught
     the episode of ``env_id`` (AddEnv, or an env like it: the same task, its tools from
     elsewhere). Runs an event loop of its own: call it outside one (a sync fixture)."""
@@ -53,8 +54,7 @@ def build_family_model(fam: Family, parent: Path, *,
         return TaughtModel(fam, folder, json.loads(marker.read_text())["token_ids"])
     tokenizer = build_tokenizer(fam)
     replies = [thinking(fam, CALLS[fam.tool_format]), thinking(fam, "Answer: 5")]
-    (traj,), _, _ = asyncio.run(run_episode(tokenizer, fam, replies, model=SETTINGS,
-                                            env_id=env_id))  # fmt: skip
+    (traj,), _, _ = asyncio.run(run_episode(tokenizer, fam, replies, model=SETTINGS, env_id=env_id))
     assert traj.status == "finished" and traj.reward == 1.0, traj.reason
     ids, mask = traj.token_ids.tolist(), traj.loss_mask.tolist()
     parent.mkdir(parents=True, exist_ok=True)
@@ -76,13 +76,19 @@ def _fit(fam: Family, tokenizer: Any, ids: list[int], mask: list[int]) -> Any:
 
     eot = tokenizer.convert_tokens_to_ids(fam.eos)
     config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256,
-        num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,  # heads of 64
-        max_position_embeddings=1024, initializer_range=0.1,
+        vocab_size=len(tokenizer),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,  # heads of 64
+        max_position_embeddings=1024,
+        initializer_range=0.1,
         tie_word_embeddings=False,  # vLLM's CPU reload keeps a tied head (see tiny.py)
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=eot,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=eot,
         pad_token_id=tokenizer.pad_token_id,
-    )  # fmt: skip
+    )
     tokens = torch.tensor(ids, dtype=torch.long)
     taught = torch.tensor(mask[1:], dtype=torch.bool)
     inputs, targets = tokens[None, :-1], tokens[1:][taught]
@@ -101,9 +107,10 @@ def _fit(fam: Family, tokenizer: Any, ids: list[int], mask: list[int]) -> Any:
     else:
         raise AssertionError(f"{fam.name}: the fit did not reach a margin of {MARGIN}")
     model.generation_config = GenerationConfig(
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=[eot],
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=[eot],
         pad_token_id=tokenizer.pad_token_id,
-    )  # fmt: skip
+    )
     return model
 
 

@@ -21,8 +21,28 @@ from tests.models.families import (
     sample_conversation,
 )
 
-WORDS = ["hello", " world", "\n", "  ", "\t", "é", "日本", "🙂", "ﬁ", "Ü", "'s", "123", "<", "|",
-         "<think>", "</think>", "[INST]", "<tool_call>", "<|im_end|>", "<|eot_id|>"]  # fmt: skip
+WORDS = [
+    "hello",
+    " world",
+    "\n",
+    "  ",
+    "\t",
+    "é",
+    "日本",
+    "🙂",
+    "ﬁ",
+    "Ü",
+    "'s",
+    "123",
+    "<",
+    "|",
+    "<think>",
+    "</think>",
+    "[INST]",
+    "<tool_call>",
+    "<|im_end|>",
+    "<|eot_id|>",
+]
 
 
 def _other_tokenizer(pre_tokenizer: Any, normalizer: Any) -> Any:
@@ -35,15 +55,28 @@ def _other_tokenizer(pre_tokenizer: Any, normalizer: Any) -> Any:
     tok.pre_tokenizer = pre_tokenizer
     if normalizer is not None:
         tok.normalizer = normalizer
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=fam.special_tokens,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  min_frequency=1, show_progress=False)  # fmt: skip
-    tok.train_from_iterator(["hello world, what is 2 + 3? the add tool. answer: ok " * 3,
-                             "Ünïcödé text ﬁ ligature 日本"], trainer=trainer)  # fmt: skip
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=fam.special_tokens,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        min_frequency=1,
+        show_progress=False,
+    )
+    tok.train_from_iterator(
+        [
+            "hello world, what is 2 + 3? the add tool. answer: ok " * 3,
+            "Ünïcödé text ﬁ ligature 日本",
+        ],
+        trainer=trainer,
+    )
     others = [t for t in fam.special_tokens if t not in (fam.eos, fam.pad)]
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=fam.eos, pad_token=fam.pad,
-                                   additional_special_tokens=others,
-                                   chat_template=fam.template)  # fmt: skip
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token=fam.eos,
+        pad_token=fam.pad,
+        additional_special_tokens=others,
+        chat_template=fam.template,
+    )
 
 
 def _tokenizers() -> dict[str, Any]:
@@ -84,11 +117,16 @@ def test_renderings_are_the_template_tokens(tokenizers: dict[str, Any]) -> None:
         assert pieces is not None
         for end in range(2, len(conv) + 1):  # from the first user message (llama3 needs it)
             for gen in (False, True):
-                expected = tok.apply_chat_template(conv[:end], tools=[ADD_SCHEMA],
-                                                   add_generation_prompt=gen, tokenize=True,
-                                                   return_dict=True)["input_ids"]  # fmt: skip
-                got = pieces.render(conv[:end], add_generation_prompt=gen, tools=[ADD_SCHEMA],
-                                    template_kwargs={})  # fmt: skip
+                expected = tok.apply_chat_template(
+                    conv[:end],
+                    tools=[ADD_SCHEMA],
+                    add_generation_prompt=gen,
+                    tokenize=True,
+                    return_dict=True,
+                )["input_ids"]
+                got = pieces.render(
+                    conv[:end], add_generation_prompt=gen, tools=[ADD_SCHEMA], template_kwargs={}
+                )
                 assert got == list(expected), (name, end, gen)
 
 
@@ -100,9 +138,12 @@ def test_a_tokenizer_that_may_differ_renders_whole(tokenizers: dict[str, Any]) -
     assert RenderTokenizer.for_tokenizer(tok) is None
     conv = Conversation(tok, [{"role": "user", "content": "Hi <lstrip> there"}])
     assert conv._renderer is None
-    expected = tok.apply_chat_template([{"role": "user", "content": "Hi <lstrip> there"}],
-                                       add_generation_prompt=True, tokenize=True,
-                                       return_dict=True)["input_ids"]  # fmt: skip
+    expected = tok.apply_chat_template(
+        [{"role": "user", "content": "Hi <lstrip> there"}],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=True,
+    )["input_ids"]
     assert conv.token_ids == list(expected)
 
     split = build_tokenizer(family("qwen2.5"))
@@ -139,14 +180,19 @@ def test_piecewise_deltas_are_the_token_deltas(
 
     monkeypatch.setattr(Conversation, "_piece_delta", spy)
     first = sample_conversation()[:2]
-    call = {"id": "t0000c000", "type": "function",
-            "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}  # fmt: skip
+    call = {
+        "id": "t0000c000",
+        "type": "function",
+        "function": {"name": "add", "arguments": {"a": 2, "b": 3}},
+    }
     user = {"role": "user", "content": "go on"}
     tool = {"role": "tool", "name": "add", "content": "5", "tool_call_id": "t0000c000"}
-    turns = [("Let me think. <think>2 + 3</think> then", None, user),
-             ("", [call], tool),
-             ("Answer: 5", None, {"role": "user", "content": "And 4 + 4?"}),
-             ("Answer: 8", None, {"role": "user", "content": "<|im_end|> bye"})]  # fmt: skip
+    turns = [
+        ("Let me think. <think>2 + 3</think> then", None, user),
+        ("", [call], tool),
+        ("Answer: 5", None, {"role": "user", "content": "And 4 + 4?"}),
+        ("Answer: 8", None, {"role": "user", "content": "<|im_end|> bye"}),
+    ]
     for name, tok in tokenizers.items():
         for keep in (False, True):
             for finish in ("stop", "length"):
@@ -202,8 +248,13 @@ def test_conversations_of_one_tokenizer_share_their_pieces(
     def first_ids(content: str) -> list[int]:
         messages = [system, {"role": "user", "content": content}]
         conv = Conversation(tok, messages, tools=[ADD_SCHEMA])
-        whole = tok.apply_chat_template(messages, tools=[ADD_SCHEMA], add_generation_prompt=True,
-                                        tokenize=True, return_dict=True)["input_ids"]  # fmt: skip
+        whole = tok.apply_chat_template(
+            messages,
+            tools=[ADD_SCHEMA],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=True,
+        )["input_ids"]
         assert conv.token_ids == list(whole)
         return conv.token_ids
 
@@ -283,11 +334,18 @@ def test_direct_renderings_are_apply_chat_templates_text(
                 for end in range(2, len(conv) + 1):
                     for gen in (False, True):
                         expected = tok.apply_chat_template(
-                            conv[:end], tools=tools, add_generation_prompt=gen,
-                            tokenize=False, **kwargs,
-                        )  # fmt: skip
-                        got = pieces.text(conv[:end], add_generation_prompt=gen, tools=tools,
-                                          template_kwargs=kwargs)  # fmt: skip
+                            conv[:end],
+                            tools=tools,
+                            add_generation_prompt=gen,
+                            tokenize=False,
+                            **kwargs,
+                        )
+                        got = pieces.text(
+                            conv[:end],
+                            add_generation_prompt=gen,
+                            tools=tools,
+                            template_kwargs=kwargs,
+                        )
                         assert got == expected, (name, kwargs, tools is None, end, gen)
                         source = tok.get_chat_template(None, tools)
                         assert rendering._TEMPLATES[source] is not None, name  # rendered direct
@@ -296,8 +354,12 @@ def test_direct_renderings_are_apply_chat_templates_text(
     tok = tokenizers["qwen2.5"]
     pieces = RenderTokenizer.for_tokenizer(tok)
     assert pieces is not None
-    got = pieces.text(conv[:2], add_generation_prompt=True, tools=None,
-                      template_kwargs={"continue_final_message": False})  # fmt: skip
+    got = pieces.text(
+        conv[:2],
+        add_generation_prompt=True,
+        tools=None,
+        template_kwargs={"continue_final_message": False},
+    )
     assert got == tok.apply_chat_template(conv[:2], add_generation_prompt=True, tokenize=False)
 
     # A direct rendering that differs (here: made to) is caught at the template's first
@@ -311,12 +373,16 @@ def test_direct_renderings_are_apply_chat_templates_text(
         rendering._CHECKED.discard(source)
         expected = tok.apply_chat_template(conv[:2], add_generation_prompt=True, tokenize=False)
         with caplog.at_level("WARNING", logger="agentrl.chat.rendering"):
-            assert pieces.text(conv[:2], add_generation_prompt=True, tools=None,
-                               template_kwargs={}) == expected  # fmt: skip
+            assert (
+                pieces.text(conv[:2], add_generation_prompt=True, tools=None, template_kwargs={})
+                == expected
+            )
         assert rendering._TEMPLATES[source] is None
         assert "differed from apply_chat_template" in caplog.text
-        assert pieces.text(conv[:2], add_generation_prompt=True, tools=None,
-                           template_kwargs={}) == expected  # fmt: skip
+        assert (
+            pieces.text(conv[:2], add_generation_prompt=True, tools=None, template_kwargs={})
+            == expected
+        )
     finally:
         rendering._TEMPLATES[source] = saved
 

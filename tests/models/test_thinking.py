@@ -73,8 +73,12 @@ async def test_segments_and_reprefilled_tokens_per_setting(qwen3, setting: str) 
     assert trajs[-1].reward == 2.0 and trajs[-1].status == "finished"
     assert [e["action"] for e in trajs[-1].env_log if "action" in e] == ["Answer: 5", "Answer: 8"]
     sampled = [list(g.token_ids) for _, g in client.calls]
-    got = [t.token_ids[s.start : s.end].tolist() for t in trajs for s in t.spans
-           if s.kind == "assistant"]  # fmt: skip
+    got = [
+        t.token_ids[s.start : s.end].tolist()
+        for t in trajs
+        for s in t.spans
+        if s.kind == "assistant"
+    ]
     assert got == sampled  # every sampled token is in the record, thinking included
     counters = runner.metrics.counters
     assert len(trajs) == segments and counters["template_new_segments"] == segments - 1

@@ -43,9 +43,14 @@ def main() -> None:
 def _subclass(module: ModuleType, base: type) -> type:
     """The one class of ``module`` derived from ``base`` (the template names them after
     the env: ``EchoAction``, ``EchoEnvironment``, ...)."""
-    found = [v for v in vars(module).values()
-             if isinstance(v, type) and issubclass(v, base) and v is not base
-             and v.__module__ == module.__name__]  # fmt: skip
+    found = [
+        v
+        for v in vars(module).values()
+        if isinstance(v, type)
+        and issubclass(v, base)
+        and v is not base
+        and v.__module__ == module.__name__
+    ]
     if len(found) != 1:
         raise SystemExit(f"{module.__file__}: expected one {base.__name__} class, found {found}")
     return found[0]

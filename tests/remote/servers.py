@@ -30,8 +30,9 @@ def serve_env(env_id: str, log_dir: Path, *args: str) -> tuple[Proc, str]:
 
 def render_echo_env(out: Path) -> Path:
     """The env ``openenv init echo_env`` renders from openenv-core's template (offline)."""
-    subprocess.run([OPENENV, "init", "echo_env", "-o", str(out)], check=True,
-                   capture_output=True, timeout=60)  # fmt: skip
+    subprocess.run(
+        [OPENENV, "init", "echo_env", "-o", str(out)], check=True, capture_output=True, timeout=60
+    )
     return out / "echo_env"
 
 

@@ -70,8 +70,7 @@ async def test_openenv_generic_clients_drive_independent_sessions(tmp_path: Path
             mid = await env.state()
             last = await env.step({"message": f"Guess: {secret}"})
             assert (last.reward, last.done) == (1.0, True), last
-            assert last.observation["info"] == {"reason": "found it",
-                                                "guesses": wrong_guesses + 1}  # fmt: skip
+            assert last.observation["info"] == {"reason": "found it", "guesses": wrong_guesses + 1}
             return {"mid": mid, "end": await env.state()}
 
     a, b = await asyncio.wait_for(
@@ -98,9 +97,14 @@ async def test_openenv_mcp_tool_client_calls_a_served_envs_tools(tmp_path: Path)
         with pytest.raises(RuntimeError, match="tool_not_found"):
             await env.call_tool("no_such_tool", x=1)
 
-        request = WSMCPMessage(data={"jsonrpc": "2.0", "id": 7, "method": "tools/call",
-                                     "params": {"name": "calculator",
-                                                "arguments": {"expression": "2**10"}}})  # fmt: skip
+        request = WSMCPMessage(
+            data={
+                "jsonrpc": "2.0",
+                "id": 7,
+                "method": "tools/call",
+                "params": {"name": "calculator", "arguments": {"expression": "2**10"}},
+            }
+        )
         reply = WSMCPResponse(**await env._send_and_receive(request.model_dump()))
         assert reply.data["id"] == 7, reply
         assert reply.data["result"]["content"] == [{"type": "text", "text": "1024"}], reply
@@ -140,15 +144,19 @@ async def test_our_client_drives_an_openenv_server(echo_url: str) -> None:
             assert obs == "Echo Env environment ready!" and info == {}
             assert env.tools == () and env.system_prompt is None
             assert await env.astep("hello") == ("hello", pytest.approx(0.5), False, False, {})
-            assert await env.astep("hi there") == ("hi there", pytest.approx(0.8), False,
-                                                   False, {})  # fmt: skip
+            assert await env.astep("hi there") == ("hi there", pytest.approx(0.8), False, False, {})
             assert env.get_state() is None  # OpenEnv servers send no snapshots
         finally:
             await env.aclose()
         assert pool.describe()[0] | {"reason": ""} == {
-            "url": echo_url, "up": True, "sessions": 0, "capacity": None, "opened": 1,
-            "lost": 0, "reason": "",
-        }  # fmt: skip
+            "url": echo_url,
+            "up": True,
+            "sessions": 0,
+            "capacity": None,
+            "opened": 1,
+            "lost": 0,
+            "reason": "",
+        }
 
 
 async def test_episodes_run_on_an_openenv_server(echo_url: str, tokenizer: Any) -> None:

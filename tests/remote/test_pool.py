@@ -22,8 +22,12 @@ def _free_port() -> int:
 
 
 async def test_a_crashed_health_check_is_raised_at_the_next_session_and_at_close() -> None:
-    pool = EnvServerPool([f"http://127.0.0.1:{_free_port()}"], "bench/Echo-v0",
-                         health_interval_s=0.01, reconnect_timeout_s=30)  # fmt: skip
+    pool = EnvServerPool(
+        [f"http://127.0.0.1:{_free_port()}"],
+        "bench/Echo-v0",
+        health_interval_s=0.01,
+        reconnect_timeout_s=30,
+    )
     await pool.start()  # the server does not answer: it is down, the checks go on
     assert not pool.members[0].up
 

@@ -94,20 +94,32 @@ class PacedClient(ScriptedClient):
 
 @contextlib.asynccontextmanager
 async def remote_run(
-    client: ScriptedClient, env: EnvConfig, store_dir: Path, *, concurrency: int,
-    resume: bool = False, on_group: Callable[[Group], Any] | None = None,
-) -> AsyncIterator[tuple[EnvServerPool, Scheduler, EpisodeRunner, TrajectoryQueue]]:  # fmt: skip
+    client: ScriptedClient,
+    env: EnvConfig,
+    store_dir: Path,
+    *,
+    concurrency: int,
+    resume: bool = False,
+    on_group: Callable[[Group], Any] | None = None,
+) -> AsyncIterator[tuple[EnvServerPool, Scheduler, EpisodeRunner, TrajectoryQueue]]:
     """A scheduler whose episodes run on the servers of ``env``, writing to a store."""
-    config = RolloutConfig(group_size=GROUP_SIZE, concurrency=concurrency, max_retries=1,
-                           max_turns=8, env_timeout_s=30.0)  # fmt: skip
+    config = RolloutConfig(
+        group_size=GROUP_SIZE,
+        concurrency=concurrency,
+        max_retries=1,
+        max_turns=8,
+        env_timeout_s=30.0,
+    )
     store = EpisodeStore.open(store_dir)
     try:
         async with EnvServerPool.from_config(env) as pool, StoreWriter(store) as writer:
-            runner = EpisodeRunner(client, client.tokenizer, config, make=pool.make,
-                                   checkpoint=writer.partial)  # fmt: skip
+            runner = EpisodeRunner(
+                client, client.tokenizer, config, make=pool.make, checkpoint=writer.partial
+            )
             queue = TrajectoryQueue(1000)
-            scheduler = Scheduler(runner, queue, config, writer=writer, resume=resume,
-                                  on_group=on_group)  # fmt: skip
+            scheduler = Scheduler(
+                runner, queue, config, writer=writer, resume=resume, on_group=on_group
+            )
             yield pool, scheduler, runner, queue
     finally:
         store.close()
@@ -154,16 +166,21 @@ async def test_256_concurrent_remote_episodes_spread_over_two_servers(
     servers = [serve_env(GUESS, tmp_path)[1] for _ in range(2)]
     client = PacedClient(tokenizer)
     tasks = 128
-    async with remote_run(client, env_config(servers, id=GUESS), tmp_path / "run",
-                          concurrency=256) as (pool, scheduler, runner, queue):  # fmt: skip
+    async with remote_run(
+        client, env_config(servers, id=GUESS), tmp_path / "run", concurrency=256
+    ) as (pool, scheduler, runner, queue):
         await asyncio.wait_for(scheduler.run(tasks_for(GUESS, tasks)), 90)
         run = await collect(scheduler, runner, queue)
         opened = [row["opened"] for row in pool.describe()]
     ids = [t.episode_id for t in run.final]
-    record_fault("256 concurrent remote episodes on 2 env servers", injected=0, runs=1,
-                 survived=int(all(g.complete for g in run.groups) and len(run.groups) == tasks),
-                 lost=tasks * GROUP_SIZE - len(set(ids)),
-                 trained_twice=len(ids) - len(set(ids)))  # fmt: skip
+    record_fault(
+        "256 concurrent remote episodes on 2 env servers",
+        injected=0,
+        runs=1,
+        survived=int(all(g.complete for g in run.groups) and len(run.groups) == tasks),
+        lost=tasks * GROUP_SIZE - len(set(ids)),
+        trained_twice=len(ids) - len(set(ids)),
+    )
 
     assert_accounted(run, tasks)
     outcomes = {(t.status, t.reason, t.reward) for t in run.final}
@@ -183,9 +200,9 @@ async def test_a_killed_env_server_fails_only_its_episodes_and_they_are_retried_
     (killed, dead_url), (_, live_url) = (serve_env(GUESS, tmp_path) for _ in range(2))
     client = PacedClient(tokenizer, delay_s=0.02)
     tasks = 48
-    async with remote_run(client, env_config([dead_url, live_url], id=GUESS),
-                          tmp_path / "run", concurrency=96) as (pool, scheduler, runner,
-                                                                queue):  # fmt: skip
+    async with remote_run(
+        client, env_config([dead_url, live_url], id=GUESS), tmp_path / "run", concurrency=96
+    ) as (pool, scheduler, runner, queue):
         dead, live = pool.members
         running = asyncio.create_task(scheduler.run(tasks_for(GUESS, tasks)), name="run")
         try:
@@ -199,10 +216,13 @@ async def test_a_killed_env_server_fails_only_its_episodes_and_they_are_retried_
         rows = {row["url"]: row for row in pool.describe()}
     failed = run.scheduler.failed_attempts
     ids = [t.episode_id for t in run.final]
-    record_fault("1 of 2 env servers SIGKILLed mid-run", injected=1,
-                 survived=int(all(g.complete for g in run.groups) and len(run.groups) == tasks),
-                 lost=tasks * GROUP_SIZE - len(set(ids)),
-                 trained_twice=len(ids) - len(set(ids)))  # fmt: skip
+    record_fault(
+        "1 of 2 env servers SIGKILLed mid-run",
+        injected=1,
+        survived=int(all(g.complete for g in run.groups) and len(run.groups) == tasks),
+        lost=tasks * GROUP_SIZE - len(set(ids)),
+        trained_twice=len(ids) - len(set(ids)),
+    )
 
     assert_accounted(run, tasks)
     assert {(t.status, t.reason) for t in run.final} == {("finished", "found it")}
@@ -219,8 +239,9 @@ async def test_a_killed_env_server_fails_only_its_episodes_and_they_are_retried_
     assert live.sessions - live_opened >= len(failed), (live.sessions, live_opened)
     store = stored(tmp_path / "run")
     assert store["integrity"] == "ok"
-    assert store["episodes_by_state"] == {"finished": tasks * GROUP_SIZE,
-                                          "retried": len(failed)}, store  # fmt: skip
+    assert store["episodes_by_state"] == {"finished": tasks * GROUP_SIZE, "retried": len(failed)}, (
+        store
+    )
 
 
 # --- servers that misbehave ---------------------------------------------------------------
@@ -242,9 +263,18 @@ class MisbehavingServer:
     async def __aenter__(self) -> str:
         app = web.Application()
         app.router.add_get("/health", lambda r: web.json_response({"status": "healthy"}))
-        app.router.add_get("/agentrl", lambda r: web.json_response(
-            {"protocol": 1, "env_id": FAKE_ID, "sessions": 0, "max_sessions": 64,
-             "supports_state": False}))  # fmt: skip
+        app.router.add_get(
+            "/agentrl",
+            lambda r: web.json_response(
+                {
+                    "protocol": 1,
+                    "env_id": FAKE_ID,
+                    "sessions": 0,
+                    "max_sessions": 64,
+                    "supports_state": False,
+                }
+            ),
+        )
         app.router.add_get("/ws", self._ws)
         self._runner = web.AppRunner(app)
         await self._runner.setup()
@@ -290,23 +320,47 @@ class MisbehavingServer:
 
     @staticmethod
     def _result(text: str, reward: float | None, done: bool) -> dict[str, Any]:
-        observation = {"text": text, "messages": None, "truncated": False, "info": {},
-                       "env_state": None, "system_prompt": None, "tool_specs": []}  # fmt: skip
-        return {"type": "observation",
-                "data": {"observation": observation, "reward": reward, "done": done}}  # fmt: skip
+        observation = {
+            "text": text,
+            "messages": None,
+            "truncated": False,
+            "info": {},
+            "env_state": None,
+            "system_prompt": None,
+            "tool_specs": [],
+        }
+        return {
+            "type": "observation",
+            "data": {"observation": observation, "reward": reward, "done": done},
+        }
 
 
 MISBEHAVIOURS = [
-    pytest.param("hang", "env_timeout",
-                 "did not answer step within 0.5 s (env.request_timeout_s)", id="hangs"),
-    pytest.param("not_json", "env_protocol",
-                 "answered step with a malformed message: not JSON", id="not-json"),
-    pytest.param("wrong_type", "env_protocol",
-                 "answered step with a 'state' message (expected 'observation')",
-                 id="wrong-message-type"),
-    pytest.param("no_observation", "env_protocol",
-                 "sent a malformed step result: no observation object", id="no-observation"),
-]  # fmt: skip
+    pytest.param(
+        "hang",
+        "env_timeout",
+        "did not answer step within 0.5 s (env.request_timeout_s)",
+        id="hangs",
+    ),
+    pytest.param(
+        "not_json",
+        "env_protocol",
+        "answered step with a malformed message: not JSON",
+        id="not-json",
+    ),
+    pytest.param(
+        "wrong_type",
+        "env_protocol",
+        "answered step with a 'state' message (expected 'observation')",
+        id="wrong-message-type",
+    ),
+    pytest.param(
+        "no_observation",
+        "env_protocol",
+        "sent a malformed step result: no observation object",
+        id="no-observation",
+    ),
+]
 
 
 @pytest.mark.parametrize(("fault", "kind", "detail"), MISBEHAVIOURS)
@@ -319,14 +373,21 @@ async def test_a_misbehaving_server_fails_only_the_episodes_it_met(
     tasks = [Task(f"fake#{seed}", FAKE_ID, seed) for seed in range(3)]
     async with MisbehavingServer(fault) as url:
         env = env_config([url], id=FAKE_ID, request_timeout_s=0.5)
-        async with remote_run(client, env, tmp_path / "run",
-                              concurrency=8) as (_, scheduler, runner, queue):  # fmt: skip
+        async with remote_run(client, env, tmp_path / "run", concurrency=8) as (
+            _,
+            scheduler,
+            runner,
+            queue,
+        ):
             await asyncio.wait_for(scheduler.run(tasks), 60)
             run = await collect(scheduler, runner, queue)
     bad = [t for t in run.final if t.seed == BAD_SEED]
-    record_fault(f"env server answers a step: {fault.replace('_', ' ')}", injected=1,
-                 survived=int(len(run.groups) == 3 and all(g.complete for g in run.groups)),
-                 lost=3 * GROUP_SIZE - len({t.episode_id for t in run.final}))  # fmt: skip
+    record_fault(
+        f"env server answers a step: {fault.replace('_', ' ')}",
+        injected=1,
+        survived=int(len(run.groups) == 3 and all(g.complete for g in run.groups)),
+        lost=3 * GROUP_SIZE - len({t.episode_id for t in run.final}),
+    )
 
     assert_accounted(run, 3)
     for t in [*bad, *run.scheduler.failed_attempts]:
@@ -360,8 +421,12 @@ async def test_no_server_left_stops_the_run_clearly_and_resume_completes_it(
         if len(done) >= 2:
             two_groups.set()
 
-    async with remote_run(client, env, tmp_path / "run", concurrency=16,
-                          on_group=on_group) as (_, scheduler, runner, queue):  # fmt: skip
+    async with remote_run(client, env, tmp_path / "run", concurrency=16, on_group=on_group) as (
+        _,
+        scheduler,
+        runner,
+        queue,
+    ):
         running = asyncio.create_task(scheduler.run(tasks), name="run")
         try:
             await asyncio.wait_for(two_groups.wait(), 30)
@@ -381,19 +446,26 @@ async def test_no_server_left_stops_the_run_clearly_and_resume_completes_it(
         states = store.task_states()
     todo = [t for t in tasks if states.get(t.task_id, "pending") == "pending"]
     resumed_client = PacedClient(tokenizer)
-    async with remote_run(resumed_client, env_config([resumed_url], id=GUESS),
-                          tmp_path / "run", concurrency=16,
-                          resume=True) as (_, scheduler, runner, queue):  # fmt: skip
+    async with remote_run(
+        resumed_client,
+        env_config([resumed_url], id=GUESS),
+        tmp_path / "run",
+        concurrency=16,
+        resume=True,
+    ) as (_, scheduler, runner, queue):
         await asyncio.wait_for(scheduler.run(todo), 60)
         resumed = await collect(scheduler, runner, queue)
     end = stored(tmp_path / "run")
     with EpisodeStore.open(tmp_path / "run", create=False) as store:
         finished = store.episodes(state="finished")
     ids = [row["episode_id"] for row in finished]
-    record_fault("the only env server SIGKILLed, never back (then resume)", injected=1,
-                 survived=int(len(set(ids)) == len(tasks) * GROUP_SIZE),
-                 lost=len(tasks) * GROUP_SIZE - len(set(ids)),
-                 trained_twice=len(ids) - len(set(ids)))  # fmt: skip
+    record_fault(
+        "the only env server SIGKILLed, never back (then resume)",
+        injected=1,
+        survived=int(len(set(ids)) == len(tasks) * GROUP_SIZE),
+        lost=len(tasks) * GROUP_SIZE - len(set(ids)),
+        trained_twice=len(ids) - len(set(ids)),
+    )
 
     assert 1.0 <= waited_s < 10.0, f"stopped {waited_s:.2f} s after the kill"
     assert causes and all(isinstance(e, EnvServersUnavailable) for e in causes), causes

@@ -29,12 +29,18 @@ pytestmark = pytest.mark.timeout(120)
 GUESS = "agentrl/GuessNumber-v0"
 
 
-async def _remote_run(tokenizer: Any, pool: EnvServerPool
-                      ) -> tuple[list[Trajectory], list[PartialEpisode]]:  # fmt: skip
+async def _remote_run(
+    tokenizer: Any, pool: EnvServerPool
+) -> tuple[list[Trajectory], list[PartialEpisode]]:
     snapshots: list[PartialEpisode] = []
     config = RolloutConfig(max_turns=8, checkpoint_interval_s=0)  # every turn boundary
-    runner = EpisodeRunner(ScriptedClient(tokenizer, counting_model), tokenizer, config,
-                           checkpoint=snapshots.append, make=pool.make)  # fmt: skip
+    runner = EpisodeRunner(
+        ScriptedClient(tokenizer, counting_model),
+        tokenizer,
+        config,
+        checkpoint=snapshots.append,
+        make=pool.make,
+    )
     return await runner.run(Task("t#3", GUESS, 3), "t#3/0"), snapshots
 
 
@@ -50,8 +56,7 @@ async def test_checkpoints_resume_on_a_server_like_the_uninterrupted_episode(
         assert [s.env_state for s in snapshots] == [s.env_state for s in local_snapshots]
         for snapshot in [*snapshots, *local_snapshots]:
             client = ScriptedClient(tokenizer, counting_model)
-            runner = EpisodeRunner(client, tokenizer, RolloutConfig(max_turns=8),
-                                   make=pool.make)  # fmt: skip
+            runner = EpisodeRunner(client, tokenizer, RolloutConfig(max_turns=8), make=pool.make)
             (resumed,) = await runner.resume(snapshot)
             assert_same(resumed, whole[0])
             assert len(client.calls) == len(whole[0].turn_rewards) - snapshot.turn

@@ -105,14 +105,28 @@ def test_env_server_killed_mid_run_its_episodes_are_retried_on_the_other(
     doomed, doomed_url = _serve_env(tmp_path / "serve-env-1.log", env)
     survivor, survivor_url = _serve_env(tmp_path / "serve-env-2.log", env)
     config, run_dir = tmp_path / "remote.toml", tmp_path / "run"
-    config.write_text(CONFIG.format(env_id=ENV_ID, urls=json.dumps([doomed_url, survivor_url]),
-                                    steps=STEPS, groups=GROUPS_PER_STEP))  # fmt: skip
-    train = Proc([AGENTRL, "train", str(config), f'--run.out="{run_dir}"'],
-                 tmp_path / "train.log", env)  # fmt: skip
+    config.write_text(
+        CONFIG.format(
+            env_id=ENV_ID,
+            urls=json.dumps([doomed_url, survivor_url]),
+            steps=STEPS,
+            groups=GROUPS_PER_STEP,
+        )
+    )
+    train = Proc(
+        [AGENTRL, "train", str(config), f'--run.out="{run_dir}"'], tmp_path / "train.log", env
+    )
     try:
-        wait_until(lambda: consumed_steps(run_dir) >= 1 and _sessions(doomed_url) > 0
-                   and _sessions(survivor_url) > 0,
-                   "a step, and episodes in flight on both env servers", 300, train)  # fmt: skip
+        wait_until(
+            lambda: (
+                consumed_steps(run_dir) >= 1
+                and _sessions(doomed_url) > 0
+                and _sessions(survivor_url) > 0
+            ),
+            "a step, and episodes in flight on both env servers",
+            300,
+            train,
+        )
         step_at_kill = consumed_steps(run_dir)
         doomed.kill()
         rc = train.wait(300)
@@ -122,9 +136,13 @@ def test_env_server_killed_mid_run_its_episodes_are_retried_on_the_other(
         survivor.kill()
     end = audit(run_dir)
     failed = _failed_attempts(run_dir)
-    record_fault("`agentrl serve-env` SIGKILLed mid-run (1 of 2 env servers)", injected=1,
-                 survived=int(rc == 0 and end["ok"]), lost=len(end["lost"]),
-                 trained_twice=len(end["trained_twice"]))  # fmt: skip
+    record_fault(
+        "`agentrl serve-env` SIGKILLed mid-run (1 of 2 env servers)",
+        injected=1,
+        survived=int(rc == 0 and end["ok"]),
+        lost=len(end["lost"]),
+        trained_twice=len(end["trained_twice"]),
+    )
 
     log = train.text()
     assert rc == 0, train.tail()

@@ -37,8 +37,11 @@ def guesser(tokenizer: Any) -> Any:
 async def run_dir(tmp_path: Path, tokenizer: Any) -> tuple[Path, str]:
     """A run directory holding one ended guess-number episode of a task with kwargs."""
     (task,) = tasks_for("agentrl/GuessNumber-v0", 1, first_seed=3, **KWARGS)
-    runner = EpisodeRunner(ScriptedClient(tokenizer, guesser(tokenizer)), tokenizer,
-                           RolloutConfig(max_turns=8, max_tokens_per_turn=16))  # fmt: skip
+    runner = EpisodeRunner(
+        ScriptedClient(tokenizer, guesser(tokenizer)),
+        tokenizer,
+        RolloutConfig(max_turns=8, max_tokens_per_turn=16),
+    )
     trajectories = await runner.run(task, "ep-0")
     assert "1 to 30" in json.dumps(trajectories[0].env_log[0])  # the kwargs reached the env
     assert len(trajectories[0].turn_starts) >= 2

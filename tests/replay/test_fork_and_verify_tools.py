@@ -87,8 +87,12 @@ async def test_a_rollout_reports_episodes_that_do_not_replay_from_their_seed(
     queue = TrajectoryQueue(100)
     with caplog.at_level("WARNING", logger="agentrl.rollout.runner"):
         await Scheduler(runner, queue, config).run(tasks_for("user/Dice-v0", 4))
-    flagged = [t for _ in range(len(queue)) for t in (await queue.get()).trajectories
-               if "not_replayable" in t.info]  # fmt: skip
+    flagged = [
+        t
+        for _ in range(len(queue))
+        for t in (await queue.get()).trajectories
+        if "not_replayable" in t.info
+    ]
     assert flagged and runner.metrics.counters["episodes_not_replayable"] == len(flagged)
     warnings = [r for r in caplog.records if "does not replay from its seed" in r.getMessage()]
     assert len(warnings) == 1 and "user/Dice-v0" in warnings[0].getMessage()  # once per env

@@ -62,10 +62,14 @@ class Run:
     environ: dict[str, str]
 
 
-@pytest.fixture(scope="module", params=[(k, e) for k in ("rollout", "train") for e in ENVS],
-                ids=lambda p: f"{p[0]}-{p[1]}")  # fmt: skip
-def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
-        model_cache: Path) -> Run:  # fmt: skip
+@pytest.fixture(
+    scope="module",
+    params=[(k, e) for k in ("rollout", "train") for e in ENVS],
+    ids=lambda p: f"{p[0]}-{p[1]}",
+)
+def run(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, model_cache: Path
+) -> Run:
     kind, env = request.param
     tmp = tmp_path_factory.mktemp(f"{kind}-{env}")
     out = tmp / "run"
@@ -76,13 +80,29 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
         # over before a look at the store (every 0.1 s) saw both kinds, and 400 took 13 s
         # in another, with no look seeing both. 4,000 take minutes; the kill comes at the
         # first look that sees both (seconds into the rollout).
-        args = [AGENTRL, "rollout", ENVS[env], "--episodes", "4000", "--group-size", "2",
-                "--concurrency", "8", "--max-turns", "4", "--max-tokens", "16",
-                "--out", str(out), *(a for i in imports for a in ("--import", i))]  # fmt: skip
+        args = [
+            AGENTRL,
+            "rollout",
+            ENVS[env],
+            "--episodes",
+            "4000",
+            "--group-size",
+            "2",
+            "--concurrency",
+            "8",
+            "--max-turns",
+            "4",
+            "--max-tokens",
+            "16",
+            "--out",
+            str(out),
+            *(a for i in imports for a in ("--import", i)),
+        ]
     else:
         config = tmp / "train.toml"
-        config.write_text(TRAIN.format(env_id=ENVS[env], imports=json.dumps(imports),
-                                       kwargs=KWARGS[env]))  # fmt: skip
+        config.write_text(
+            TRAIN.format(env_id=ENVS[env], imports=json.dumps(imports), kwargs=KWARGS[env])
+        )
         args = [AGENTRL, "train", str(config), f'--run.out="{out}"']
     proc = Proc(args, tmp / "log.txt", env=environ)
     _kill_once_ended_and_unfinished(proc, out)
@@ -147,9 +167,13 @@ def _kill_once_ended_and_unfinished(proc: Proc, out: Path) -> None:
 def replay(run: Run, *args: str) -> subprocess.CompletedProcess[str]:
     # A user env is found through the run's recorded env.imports (train) or --import.
     extra = ["--import", LEDGER] if run.env == "user" and run.kind == "rollout" else []
-    return subprocess.run([sys.executable, "-m", "agentrl.cli", "replay", str(run.out), *args,
-                           *extra], capture_output=True, text=True, timeout=600,
-                          env=run.environ)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "agentrl.cli", "replay", str(run.out), *args, *extra],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=run.environ,
+    )
 
 
 def episodes(run: Run) -> tuple[str, str]:

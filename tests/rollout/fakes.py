@@ -44,8 +44,14 @@ class ScriptedClient:
             finish = "stop"
             if len(ids) > sampling.max_tokens:
                 ids, finish = ids[: sampling.max_tokens], "length"
-            gen = Generation(request_id, tuple(ids), tuple(-0.25 for _ in ids), finish,
-                             self.version, len(prompt_token_ids))  # fmt: skip
+            gen = Generation(
+                request_id,
+                tuple(ids),
+                tuple(-0.25 for _ in ids),
+                finish,
+                self.version,
+                len(prompt_token_ids),
+            )
             self.calls.append((list(prompt_token_ids), gen))
             return gen
         finally:

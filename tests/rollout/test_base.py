@@ -100,8 +100,18 @@ def test_callers_use_only_declared_members() -> None:
     sources = {f: (PACKAGE / f).read_text() for f in CALLERS}
     used = used_members(sources)
     # the scan sees the callers' uses (a scan that finds nothing proves nothing)
-    assert {"run", "resume", "client", "metrics", "admission", "live", "parked",
-            "snapshot", "drop", "wait_parked"} <= set(used), used  # fmt: skip
+    assert {
+        "run",
+        "resume",
+        "client",
+        "metrics",
+        "admission",
+        "live",
+        "parked",
+        "snapshot",
+        "drop",
+        "wait_parked",
+    } <= set(used), used
     assert undeclared(sources) == {}, "used on a runner but not declared by Runner"
 
 

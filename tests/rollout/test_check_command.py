@@ -30,9 +30,17 @@ def test_the_command_names_kwargs_and_the_episodes_moves() -> None:
     task = Task("t", "agentrl/GuessNumber-v0", 0, env_kwargs={"high": 30})
     log = [{"obs": []}, {"action": "Guess: 7"}, {"tool": "x", "arguments": {}}, {"action": "9"}]
     line = check_env_command(task, log, 3)
-    assert shlex.split(line) == ["agentrl", "check-env", "agentrl/GuessNumber-v0", "--kwargs",
-                                 '{"high": 30}', "--example-action", "Guess: 7",
-                                 "--example-action", "9"]  # fmt: skip
+    assert shlex.split(line) == [
+        "agentrl",
+        "check-env",
+        "agentrl/GuessNumber-v0",
+        "--kwargs",
+        '{"high": 30}',
+        "--example-action",
+        "Guess: 7",
+        "--example-action",
+        "9",
+    ]
     assert "--example-action" not in check_env_command(task, log, 0)
 
 
@@ -51,17 +59,22 @@ async def test_the_warning_says_a_command_that_shows_the_draw(
     queue = TrajectoryQueue(100)
     with caplog.at_level(logging.WARNING, logger="agentrl.rollout.runner"):
         await Scheduler(runner, queue, config).run(tasks_for("user/Mines-v0", 4))
-    (warning,) = [r.getMessage() for r in caplog.records
-                  if "does not replay from its seed" in r.getMessage()]  # fmt: skip
+    (warning,) = [
+        r.getMessage() for r in caplog.records if "does not replay from its seed" in r.getMessage()
+    ]
     (command,) = [part for part in warning.split("`") if part.startswith("agentrl check-env")]
     argv = shlex.split(command)  # before: `agentrl check-env user/Mines-v0`, which passes
     assert argv[:3] == ["agentrl", "check-env", "user/Mines-v0"], warning
     assert argv[argv.index("--import") + 1] == mines_env.__name__  # how it was registered
     assert argv[argv.index("--example-action") + 1] in MOVES
 
-    shown = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "agentrl.cli",
-                                    *argv[1:]], capture_output=True, text=True,
-                                    timeout=150)  # fmt: skip
+    shown = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "agentrl.cli", *argv[1:]],
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
     assert shown.returncode == 1, shown.stdout + shown.stderr
     assert "FAIL  seeded-determinism" in shown.stdout and "random" in shown.stdout
 

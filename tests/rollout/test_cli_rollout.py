@@ -19,10 +19,23 @@ CLI = [sys.executable, "-m", "agentrl.cli", "rollout"]
 def test_rollout_writes_every_episode(tmp_path: Path, model_cache: Path) -> None:
     env = {**os.environ, "AGENTRL_CACHE": str(model_cache)}
     out = subprocess.run(
-        [*CLI, "agentrl/Calculator-v0", "--episodes", "8", "--group-size", "2",
-         "--max-tokens", "24", "--out", str(tmp_path / "run")],
-        capture_output=True, text=True, timeout=600, env=env,
-    )  # fmt: skip
+        [
+            *CLI,
+            "agentrl/Calculator-v0",
+            "--episodes",
+            "8",
+            "--group-size",
+            "2",
+            "--max-tokens",
+            "24",
+            "--out",
+            str(tmp_path / "run"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "8 episodes of agentrl/Calculator-v0" in out.stdout.splitlines()[-1]
     assert "leaked" not in out.stderr, "interpreter teardown noise after the results"
@@ -46,10 +59,25 @@ def test_rollout_with_worker_processes(tmp_path: Path, model_cache: Path) -> Non
 
     env = {**os.environ, "AGENTRL_CACHE": str(model_cache)}
     out = subprocess.run(
-        [*CLI, "agentrl/Calculator-v0", "--episodes", "16", "--group-size", "2",
-         "--max-tokens", "24", "--workers", "2", "--out", str(tmp_path / "run")],
-        capture_output=True, text=True, timeout=600, env=env,
-    )  # fmt: skip
+        [
+            *CLI,
+            "agentrl/Calculator-v0",
+            "--episodes",
+            "16",
+            "--group-size",
+            "2",
+            "--max-tokens",
+            "24",
+            "--workers",
+            "2",
+            "--out",
+            str(tmp_path / "run"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "16 episodes of agentrl/Calculator-v0" in out.stdout.splitlines()[-1]
     assert "leaked" not in out.stderr, "teardown noise from a worker process"
@@ -67,11 +95,19 @@ def test_rollout_with_worker_processes(tmp_path: Path, model_cache: Path) -> Non
 
 
 def test_rollout_refuses_bad_arguments_before_starting_vllm(tmp_path: Path) -> None:
-    out = subprocess.run([*CLI, "agentrl/Calculator-v0", "--episodes", "7", "--group-size", "2"],
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    out = subprocess.run(
+        [*CLI, "agentrl/Calculator-v0", "--episodes", "7", "--group-size", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 1 and "multiple of --group-size (2)" in out.stderr
-    out = subprocess.run([*CLI, "nope/Missing-v0", "--out", str(tmp_path / "x")],
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    out = subprocess.run(
+        [*CLI, "nope/Missing-v0", "--out", str(tmp_path / "x")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     # the unknown id is the first (and only) error, before any flag arithmetic (issue 53)
     assert out.returncode == 1 and "'nope/Missing-v0' is not registered" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr

@@ -42,10 +42,15 @@ async def run_with_updates(
         async with StoreWriter(store) as writer:
             rollout = RolloutConfig(max_turns=4, max_tokens_per_turn=48, temperature=temperature)
             runner = EpisodeRunner(client, tokenizer, rollout, checkpoint=writer.partial)
-            controller = RolloutController(runner, writer=writer, policy=policy,  # type: ignore[arg-type]
-                                           max_staleness=max_staleness)  # fmt: skip
-            scheduler = Scheduler(runner, queue, RolloutConfig(concurrency=16, group_size=2),
-                                  writer=writer)  # fmt: skip
+            controller = RolloutController(
+                runner,
+                writer=writer,
+                policy=policy,  # type: ignore[arg-type]
+                max_staleness=max_staleness,
+            )
+            scheduler = Scheduler(
+                runner, queue, RolloutConfig(concurrency=16, group_size=2), writer=writer
+            )
             job = asyncio.create_task(
                 scheduler.run(tasks_for("agentrl/GuessNumber-v0", episodes // 2))
             )
@@ -73,9 +78,12 @@ def sampled_versions(t: Trajectory) -> set[int]:
 
 
 async def test_resume_policy_keeps_every_token_with_its_version(
-    client: VLLMEngineClient, tokenizer: Any, tiny_model: Path, perturbed_weights: Path,
+    client: VLLMEngineClient,
+    tokenizer: Any,
+    tiny_model: Path,
+    perturbed_weights: Path,
     tmp_path: Path,
-) -> None:  # fmt: skip
+) -> None:
     start = client.version
     trajectories, controller, runner = await run_with_updates(
         client, tokenizer, tmp_path, [perturbed_weights, tiny_model]
@@ -124,9 +132,12 @@ async def test_greedy_pause_and_resume_is_token_for_token_identical(
 
 
 async def test_keep_policy_continues_frozen_requests_under_new_weights(
-    client: VLLMEngineClient, tokenizer: Any, tiny_model: Path, perturbed_weights: Path,
+    client: VLLMEngineClient,
+    tokenizer: Any,
+    tiny_model: Path,
+    perturbed_weights: Path,
     tmp_path: Path,
-) -> None:  # fmt: skip
+) -> None:
     trajectories, controller, runner = await run_with_updates(
         client, tokenizer, tmp_path, [perturbed_weights, tiny_model], policy="keep", updates=5
     )
@@ -140,13 +151,21 @@ async def test_keep_policy_continues_frozen_requests_under_new_weights(
 
 
 async def test_drop_policy_discards_and_reruns_stale_episodes(
-    client: VLLMEngineClient, tokenizer: Any, tiny_model: Path, perturbed_weights: Path,
+    client: VLLMEngineClient,
+    tokenizer: Any,
+    tiny_model: Path,
+    perturbed_weights: Path,
     tmp_path: Path,
-) -> None:  # fmt: skip
+) -> None:
     trajectories, controller, runner = await run_with_updates(
-        client, tokenizer, tmp_path, [perturbed_weights, tiny_model], policy="drop",
-        max_staleness=0, updates=5,
-    )  # fmt: skip
+        client,
+        tokenizer,
+        tmp_path,
+        [perturbed_weights, tiny_model],
+        policy="drop",
+        max_staleness=0,
+        updates=5,
+    )
     history = controller.history
     dropped = sum(s.episodes_dropped for s in history)
     assert dropped > 0 and sum(s.tokens_discarded for s in history) > 0

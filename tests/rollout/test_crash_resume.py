@@ -69,8 +69,20 @@ def killed_run(tmp_path_factory: pytest.TempPathFactory, model_cache: Path) -> K
     tmp_path = tmp_path_factory.mktemp("killed")
     out = tmp_path / "run"
     env = {**os.environ, "AGENTRL_CACHE": str(model_cache)}
-    first = [*CLI, "agentrl/GuessNumber-v0", "--episodes", str(EPISODES), "--group-size", "2",
-             "--concurrency", "12", "--max-tokens", "48", "--out", str(out)]  # fmt: skip
+    first = [
+        *CLI,
+        "agentrl/GuessNumber-v0",
+        "--episodes",
+        str(EPISODES),
+        "--group-size",
+        "2",
+        "--concurrency",
+        "12",
+        "--max-tokens",
+        "48",
+        "--out",
+        str(out),
+    ]
     resume = [*CLI, "--resume", "--out", str(out)]
     rng = random.Random(5)
     checkpoints: dict[tuple[str, int], np.ndarray] = {}
@@ -82,10 +94,13 @@ def killed_run(tmp_path_factory: pytest.TempPathFactory, model_cache: Path) -> K
         # durable (each episode checkpoints after its first turn), in a resumed one soon
         # (it starts with the killed one's). A first attempt has about 450 generations.
         backstop = rng.randint(40, 250) if attempt == 0 else rng.randint(5, 60)
-        proc = subprocess.Popen(first if attempt == 0 else resume,
-                                env={**env, "AGENTRL_FAULTS": f"generation@{backstop}"},
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            first if attempt == 0 else resume,
+            env={**env, "AGENTRL_FAULTS": f"generation@{backstop}"},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
         try:
             # Kill while the store holds a durable checkpoint, at a random point of what is
             # left of the run: once a random count of episodes has ended, or a random

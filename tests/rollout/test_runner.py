@@ -67,8 +67,7 @@ async def test_faults_are_recorded_and_nothing_is_lost(tokenizer) -> None:
     config = RolloutConfig(max_turns=6, tool_timeout_s=0.05, max_tool_calls=4)
     runner = EpisodeRunner(client, tokenizer, config)
     queue = TrajectoryQueue(100)
-    scheduler = Scheduler(runner, queue, RolloutConfig(concurrency=32, group_size=4,
-                                                         max_retries=1))  # fmt: skip
+    scheduler = Scheduler(runner, queue, RolloutConfig(concurrency=32, group_size=4, max_retries=1))
     async with LoopLagMonitor(runner.metrics):
         await scheduler.run(tasks_for("tests/Flaky-v0", 25))
     groups = [await queue.get() for _ in range(len(queue))]

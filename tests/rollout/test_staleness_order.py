@@ -97,8 +97,7 @@ async def _train(tokenizer: Any, wait_for_due: bool) -> list[tuple[int, Group]]:
 async def test_a_slow_group_is_trained_within_max_staleness_of_its_admission(tokenizer) -> None:
     # The scenario is real: taking the oldest ended groups trains the slow one late.
     plain = await _train(tokenizer, wait_for_due=False)
-    late = [(v, g) for v, g in plain
-            if g.admitted_at is not None and v - g.admitted_at > 1]  # fmt: skip
+    late = [(v, g) for v, g in plain if g.admitted_at is not None and v - g.admitted_at > 1]
     assert late and late[0][1].task.task_id.endswith("#0"), "the slow group went late"
 
     trained = await _train(tokenizer, wait_for_due=True)

@@ -94,8 +94,10 @@ async def test_no_request_reaches_the_engine_while_the_gate_is_closed(tokenizer:
     client = Recording(tokenizer, lambda ids: "hello")
     runner = EpisodeRunner(client, tokenizer, RolloutConfig(max_turns=1), admission=gate)
     n = 200
-    tasks = [asyncio.create_task(runner.run(Task(f"t{i}", "tests/OneTurn-v0", i), f"ep{i}"))
-             for i in range(n)]  # fmt: skip
+    tasks = [
+        asyncio.create_task(runner.run(Task(f"t{i}", "tests/OneTurn-v0", i), f"ep{i}"))
+        for i in range(n)
+    ]
     await asyncio.sleep(0)  # every episode has started (it is live)
     async with asyncio.timeout(60):
         await runner.wait_parked({f"ep{i}" for i in range(n)})  # all at the closed gate

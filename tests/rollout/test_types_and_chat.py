@@ -14,13 +14,24 @@ from agentrl.types import FailureKind, RequestId, TokenSpan, Trajectory
 
 def _trajectory(**overrides: object) -> Trajectory:
     fields: dict[str, object] = dict(
-        episode_id="e", task_id="t", env_id="x", seed=0,
-        token_ids=[1, 2, 3, 4], logprobs=[math.nan, -0.5, -0.1, math.nan],
-        versions=[-1, 0, 1, -1], loss_mask=[0, 1, 1, 0],
-        spans=(TokenSpan("prompt", 0, 1, 0), TokenSpan("assistant", 1, 3, 0),
-               TokenSpan("env", 3, 4, 1)),
-        messages=[], turn_rewards=[1.0], reward=1.0, status="finished",
-    )  # fmt: skip
+        episode_id="e",
+        task_id="t",
+        env_id="x",
+        seed=0,
+        token_ids=[1, 2, 3, 4],
+        logprobs=[math.nan, -0.5, -0.1, math.nan],
+        versions=[-1, 0, 1, -1],
+        loss_mask=[0, 1, 1, 0],
+        spans=(
+            TokenSpan("prompt", 0, 1, 0),
+            TokenSpan("assistant", 1, 3, 0),
+            TokenSpan("env", 3, 4, 1),
+        ),
+        messages=[],
+        turn_rewards=[1.0],
+        reward=1.0,
+        status="finished",
+    )
     fields.update(overrides)
     return Trajectory(**fields)  # type: ignore[arg-type]
 
@@ -38,19 +49,29 @@ def test_trajectory_invariants_name_what_is_wrong() -> None:
         "versions decrease": dict(versions=[-1, 1, 0, -1]),
         "NaN or positive logprob": dict(logprobs=[math.nan, math.nan, -0.1, math.nan]),
         "non-sampled token has a logprob": dict(logprobs=[-1.0, -0.5, -0.1, math.nan]),
-        "disagrees with loss_mask": dict(spans=(TokenSpan("prompt", 0, 2, 0),
-                                                TokenSpan("assistant", 2, 3, 0),
-                                                TokenSpan("env", 3, 4, 1))),
-        "does not start where": dict(spans=(TokenSpan("prompt", 0, 1, 0),
-                                            TokenSpan("assistant", 2, 3, 0))),
-        "spans cover 3 tokens of 4": dict(spans=(TokenSpan("prompt", 0, 1, 0),
-                                                 TokenSpan("assistant", 1, 3, 0))),
-        "spans cover 5 tokens of 4": dict(spans=(TokenSpan("prompt", 0, 1, 0),
-                                                 TokenSpan("assistant", 1, 3, 0),
-                                                 TokenSpan("env", 3, 5, 1))),
+        "disagrees with loss_mask": dict(
+            spans=(
+                TokenSpan("prompt", 0, 2, 0),
+                TokenSpan("assistant", 2, 3, 0),
+                TokenSpan("env", 3, 4, 1),
+            )
+        ),
+        "does not start where": dict(
+            spans=(TokenSpan("prompt", 0, 1, 0), TokenSpan("assistant", 2, 3, 0))
+        ),
+        "spans cover 3 tokens of 4": dict(
+            spans=(TokenSpan("prompt", 0, 1, 0), TokenSpan("assistant", 1, 3, 0))
+        ),
+        "spans cover 5 tokens of 4": dict(
+            spans=(
+                TokenSpan("prompt", 0, 1, 0),
+                TokenSpan("assistant", 1, 3, 0),
+                TokenSpan("env", 3, 5, 1),
+            )
+        ),
         "status": dict(status="done"),
         "with failure kind": dict(failure=FailureKind.ENV_TIMEOUT),  # but status finished
-    }  # fmt: skip
+    }
     for message, bad in cases.items():
         with pytest.raises(ValueError, match=message):
             _trajectory(**bad)
@@ -75,9 +96,12 @@ def _random_trajectory(rng: np.random.Generator) -> Trajectory:
     if rng.random() < 0.25:
         versions[mask == 1] += np.arange(int(mask.sum())) >= mask.sum() // 2
     return _trajectory(
-        token_ids=rng.integers(0, 100, position), loss_mask=mask, versions=versions,
-        logprobs=np.where(mask == 1, -rng.random(position), np.nan), spans=tuple(spans),
-    )  # fmt: skip
+        token_ids=rng.integers(0, 100, position),
+        loss_mask=mask,
+        versions=versions,
+        logprobs=np.where(mask == 1, -rng.random(position), np.nan),
+        spans=tuple(spans),
+    )
 
 
 def test_the_quick_proof_of_validity_never_passes_a_defect() -> None:
@@ -175,8 +199,13 @@ def test_tokens_are_prompt_plus_sampled_plus_rendered_deltas(tokenizer) -> None:
     # With a prefix-preserving template and sampled ids equal to the template's own
     # tokens, the incremental sequence equals one full rendering of the conversation.
     assert conv.token_ids == conv.render(conv.messages, add_generation_prompt=True)
-    assert [s.kind for s in conv.current.spans] == ["prompt", "assistant", "tool", "assistant",
-                                                    "env"]  # fmt: skip
+    assert [s.kind for s in conv.current.spans] == [
+        "prompt",
+        "assistant",
+        "tool",
+        "assistant",
+        "env",
+    ]
     assert conv.segments_started == 0
 
 

@@ -73,8 +73,9 @@ class SlowClient:
     def max_model_len(self) -> int:
         return 4096
 
-    async def generate(self, prompt: Sequence[int], sampling: SamplingConfig,
-                       request_id: str) -> Generation:  # fmt: skip
+    async def generate(
+        self, prompt: Sequence[int], sampling: SamplingConfig, request_id: str
+    ) -> Generation:
         if self.gate is not None and not self.gate.is_set():
             self.past_gate.append(request_id)
         self.calls += 1
@@ -93,8 +94,7 @@ class SlowClient:
                 finish = "abort"
             else:
                 ids, finish = (self.token,) * (n - 1) + (self.eot,), "stop"
-            gen = Generation(request_id, ids, (-0.5,) * len(ids), finish, self.version,
-                             len(prompt))  # fmt: skip
+            gen = Generation(request_id, ids, (-0.5,) * len(ids), finish, self.version, len(prompt))
             done.set_result(gen)
             return gen
         finally:
@@ -114,28 +114,50 @@ class SlowClient:
         abort.set()
         return await done
 
-    async def reload_weights(self, weights_dir: str, version: int | None = None, *,
-                             keep_inflight: bool = False) -> int:  # fmt: skip
+    async def reload_weights(
+        self, weights_dir: str, version: int | None = None, *, keep_inflight: bool = False
+    ) -> int:
         await asyncio.sleep(0.01)
         self.version = self.version + 1 if version is None else version
         return self.version
 
 
-async def _run(tokenizer: Any, client: Any, tmp: Path, workers: int, episodes: int,
-               turns: int, *, concurrency: int | None = None,
-               during: Any = None, resume: bool = False, imports: list[str] = IMPORTS,
-               ) -> tuple[list[Trajectory], EpisodeStore, Any]:  # fmt: skip
-    rollout = RolloutConfig(max_turns=turns, max_tokens_per_turn=8, ignore_eos=True,
-                            workers=workers, group_size=1,
-                            concurrency=concurrency or episodes)  # fmt: skip
+async def _run(
+    tokenizer: Any,
+    client: Any,
+    tmp: Path,
+    workers: int,
+    episodes: int,
+    turns: int,
+    *,
+    concurrency: int | None = None,
+    during: Any = None,
+    resume: bool = False,
+    imports: list[str] = IMPORTS,
+) -> tuple[list[Trajectory], EpisodeStore, Any]:
+    rollout = RolloutConfig(
+        max_turns=turns,
+        max_tokens_per_turn=8,
+        ignore_eos=True,
+        workers=workers,
+        group_size=1,
+        concurrency=concurrency or episodes,
+    )
     store = EpisodeStore.open(tmp)
     queue = TrajectoryQueue(episodes + 1)
     async with StoreWriter(store) as writer, contextlib.AsyncExitStack() as stack:
         from agentrl.config import ModelConfig
 
-        runner = await open_runner(stack, client, tokenizer, rollout, model=ModelConfig(),
-                                   imports=imports, metrics=Metrics(),
-                                   checkpoint=writer.partial)  # fmt: skip
+        runner = await open_runner(
+            stack,
+            client,
+            tokenizer,
+            rollout,
+            model=ModelConfig(),
+            imports=imports,
+            metrics=Metrics(),
+            checkpoint=writer.partial,
+        )
         scheduler = Scheduler(runner, queue, rollout, writer=writer, resume=resume)
         tasks = list(tasks_for("bench/Echo-v0", episodes, turns=turns))
         if during is None:
@@ -151,14 +173,23 @@ async def _run(tokenizer: Any, client: Any, tmp: Path, workers: int, episodes: i
 
 
 def _key(trajectories: list[Trajectory]) -> dict[str, Any]:
-    return {t.episode_id: (t.token_ids.tolist(), t.loss_mask.tolist(), t.versions.tolist(),
-                           np.nan_to_num(t.logprobs, nan=9.0).tolist(), t.messages,
-                           t.turn_rewards, t.status)
-            for t in trajectories}  # fmt: skip
+    return {
+        t.episode_id: (
+            t.token_ids.tolist(),
+            t.loss_mask.tolist(),
+            t.versions.tolist(),
+            np.nan_to_num(t.logprobs, nan=9.0).tolist(),
+            t.messages,
+            t.turn_rewards,
+            t.status,
+        )
+        for t in trajectories
+    }
 
 
-async def test_workers_give_the_same_episodes_as_one_process(tokenizer: Any,
-                                                             tmp_path: Path) -> None:  # fmt: skip
+async def test_workers_give_the_same_episodes_as_one_process(
+    tokenizer: Any, tmp_path: Path
+) -> None:
     client1, client2 = SlowClient(tokenizer), SlowClient(tokenizer)
     one, store1, runner1 = await _run(tokenizer, client1, tmp_path / "one", 1, 24, 3)
     assert isinstance(runner1, EpisodeRunner)
@@ -177,9 +208,13 @@ async def test_workers_give_the_same_episodes_as_one_process(tokenizer: Any,
         assert sum(1 for _ in store.all_trajectories()) == 24
     # the workers encode each ended episode's row for the store (the main process only
     # inserts it): the row is the one the main process would have encoded
-    stored = {r[0]: tuple(r[1:]) for r in store2._db.execute(
-        "SELECT episode_id, min_version, max_version, num_tokens, num_sampled, token_ids, "
-        "logprobs, versions, loss_mask, meta FROM trajectories")}  # fmt: skip
+    stored = {
+        r[0]: tuple(r[1:])
+        for r in store2._db.execute(
+            "SELECT episode_id, min_version, max_version, num_tokens, num_sampled, token_ids, "
+            "logprobs, versions, loss_mask, meta FROM trajectories"
+        )
+    }
     assert stored == {t.episode_id: segment_columns(t) for t in two}
     # `agentrl replay --verify` reads a workers' episode as it reads any other
     from agentrl.replay.episodes import load, verify
@@ -204,10 +239,18 @@ def test_a_prompt_crosses_as_what_it_adds_to_the_episodes_last_one() -> None:
     rng = random.Random(0)
     first = [rng.randrange(50_000) for _ in range(5_000)]
     prompts = {
-        "e": [first, first + [7] * 300, first + [7] * 300 + [8, 9], [1, 2, 3], [1, 2, 3, 4],
-              [9] * 6, [1, 2], [1, 2]],
+        "e": [
+            first,
+            first + [7] * 300,
+            first + [7] * 300 + [8, 9],
+            [1, 2, 3],
+            [1, 2, 3, 4],
+            [9] * 6,
+            [1, 2],
+            [1, 2],
+        ],
         "f": [[5] * 10, [5] * 10 + [6]],
-    }  # fmt: skip
+    }
     payloads = []
     n = 0
     for i in range(max(len(p) for p in prompts.values())):
@@ -284,8 +327,16 @@ async def test_a_request_that_crosses_the_closing_gate_is_held_until_it_opens(
     async with WorkerRunner(client, tokenizer, rollout, imports=IMPORTS) as runner:
         runner.admission.clear()  # a weight update begins
         worker = runner._workers[0]
-        request = ("gen", 10**6, [1, 2, 3], pickle.dumps(SamplingConfig(max_tokens=4)),
-                   RequestId("crossing/0", 0).format(), "crossing/0", 0, 0)  # fmt: skip
+        request = (
+            "gen",
+            10**6,
+            [1, 2, 3],
+            pickle.dumps(SamplingConfig(max_tokens=4)),
+            RequestId("crossing/0", 0).format(),
+            "crossing/0",
+            0,
+            0,
+        )
         runner._handle(worker, request)  # as the worker's message would arrive
         await asyncio.sleep(0.2)
         assert client.calls == 0  # held in the main process, not sent to the engine
@@ -305,8 +356,7 @@ async def test_drop_policy_reruns_stale_episodes_from_the_workers(
         await client.wait_calls(20)
         stats.append(await controller.update_weights(weights_dir="/nowhere"))
 
-    trajectories, store, runner = await _run(tokenizer, client, tmp_path, 2, 16, 4,
-                                             during=update)  # fmt: skip
+    trajectories, store, runner = await _run(tokenizer, client, tmp_path, 2, 16, 4, during=update)
     (s,) = stats
     assert s.episodes_dropped > 0 and s.tokens_discarded > 0
     assert runner.metrics.counters["episodes_dropped"] == s.episodes_dropped
@@ -339,8 +389,7 @@ async def test_a_dead_worker_stops_the_run_and_resume_finishes_it(
     assert paused and all(store.partial(e) is not None for e in paused)  # checkpointed
     store.close()
     # --resume: the checkpointed episodes continue, the rest run; all 32 end once
-    _, store, runner = await _run(tokenizer, SlowClient(tokenizer), tmp_path, 2, 32, 4,
-                                  resume=True)  # fmt: skip
+    _, store, runner = await _run(tokenizer, SlowClient(tokenizer), tmp_path, 2, 32, 4, resume=True)
     assert runner.metrics.counters["episodes_resumed"] == len(paused)  # from their prefixes
     ended = {t.episode_id for t in store.all_trajectories()}
     assert len(ended) == 32
@@ -362,8 +411,15 @@ async def test_workers_refuse_what_they_cannot_run(tokenizer: Any, tmp_path: Pat
     client = SlowClient(tokenizer)
     async with contextlib.AsyncExitStack() as stack:
         with pytest.raises(ConfigError, match="env servers"):
-            await open_runner(stack, client, tokenizer, rollout, model=ModelConfig(),
-                              imports=(), make=lambda *a, **k: None)  # fmt: skip
+            await open_runner(
+                stack,
+                client,
+                tokenizer,
+                rollout,
+                model=ModelConfig(),
+                imports=(),
+                make=lambda *a, **k: None,
+            )
 
     with pytest.raises(ConfigError, match=r"rollout\.workers"):
         RolloutConfig(workers=0)
@@ -372,8 +428,9 @@ async def test_workers_refuse_what_they_cannot_run(tokenizer: Any, tmp_path: Pat
     for error in _leaves(caught.value):
         assert isinstance(error, InfraError) and "env.imports" in str(error), error
     with pytest.raises(InfraError, match="exited with code"):  # an env module that fails
-        async with WorkerRunner(client, tokenizer, dataclasses.replace(rollout),
-                                imports=["agentrl_no_such_module"]):  # fmt: skip
+        async with WorkerRunner(
+            client, tokenizer, dataclasses.replace(rollout), imports=["agentrl_no_such_module"]
+        ):
             pass
 
 
@@ -381,8 +438,15 @@ async def test_workers_refuse_what_they_cannot_run(tokenizer: Any, tmp_path: Pat
 async def test_workers_run_their_episodes_on_the_event_loop_the_config_names(
     tokenizer: Any, event_loop: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    rollout = RolloutConfig(max_turns=2, max_tokens_per_turn=8, ignore_eos=True, workers=2,
-                            group_size=1, concurrency=4, worker_event_loop=event_loop)  # fmt: skip
+    rollout = RolloutConfig(
+        max_turns=2,
+        max_tokens_per_turn=8,
+        ignore_eos=True,
+        workers=2,
+        group_size=1,
+        concurrency=4,
+        worker_event_loop=event_loop,
+    )
     async with WorkerRunner(SlowClient(tokenizer), tokenizer, rollout, imports=IMPORTS) as runner:
         loops = runner.event_loops
         tasks = list(tasks_for("bench/Echo-v0", 4, turns=2))

@@ -38,8 +38,16 @@ steps = 3
 def test_load_overrides_and_round_trip(tmp_path: Path) -> None:
     path = tmp_path / "c.toml"
     path.write_text(GOOD)
-    config = RunConfig.load(path, ["--train.steps=7", "--trainer.lr=3e-4", "--run.name=other",
-                                   "--log.plots=false", "--env.imports=[]"])  # fmt: skip
+    config = RunConfig.load(
+        path,
+        [
+            "--train.steps=7",
+            "--trainer.lr=3e-4",
+            "--run.name=other",
+            "--log.plots=false",
+            "--env.imports=[]",
+        ],
+    )
     assert config.train.steps == 7 and config.trainer.lr == 3e-4
     assert config.run.name == "other" and config.log.plots is False
     assert config.env.kwargs == {"max_operand": 99} and config.trainer.lora.r == 4
@@ -73,8 +81,12 @@ def test_one_default_per_setting_and_a_reference_that_lists_every_key() -> None:
     from agentrl.trainer.loop import TrainLoop
     from agentrl.trainer.trainer import Trainer
 
-    for component, section in ((EpisodeRunner, RolloutConfig), (Scheduler, RolloutConfig),
-                               (Trainer, TrainerConfig), (TrainLoop, TrainConfig)):  # fmt: skip
+    for component, section in (
+        (EpisodeRunner, RolloutConfig),
+        (Scheduler, RolloutConfig),
+        (Trainer, TrainerConfig),
+        (TrainLoop, TrainConfig),
+    ):
         annotation = inspect.signature(component).parameters["config"].annotation
         assert section.__name__ in str(annotation), (component, annotation)
     text = defaults_toml()
@@ -86,13 +98,15 @@ def test_one_default_per_setting_and_a_reference_that_lists_every_key() -> None:
     def walk(cls: type) -> None:
         for f in dataclasses.fields(cls):
             assert (cls.__name__, f.name) in docs, f"{cls.__name__}.{f.name} has no doc line"
-            if dataclasses.is_dataclass(f.default_factory if f.default_factory is not
-                                        dataclasses.MISSING else None):  # fmt: skip
+            if dataclasses.is_dataclass(
+                f.default_factory if f.default_factory is not dataclasses.MISSING else None
+            ):
                 walk(f.default_factory)  # type: ignore[arg-type]
 
     walk(RunConfig)
-    proc = subprocess.run([AGENTRL, "config", "--defaults"], capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        [AGENTRL, "config", "--defaults"], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0 and proc.stdout == text
 
 
@@ -147,9 +161,12 @@ def test_cli_bad_config_prints_one_error_and_creates_nothing(tmp_path: Path) -> 
     out = tmp_path / "run"
     path = tmp_path / "c.toml"
     path.write_text(GOOD + '\n[log]\nprogress = "plain"\n')
-    proc = subprocess.run([AGENTRL, "train", str(path), f'--run.out="{out}"',
-                           "--trainer.loss=\"ppo\""], capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        [AGENTRL, "train", str(path), f'--run.out="{out}"', '--trainer.loss="ppo"'],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 1
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert lines == [
@@ -167,12 +184,17 @@ def test_cli_refuses_a_used_run_dir_and_a_resume_of_nothing(tmp_path: Path) -> N
     (used / "keep.txt").write_text("mine")
     path = tmp_path / "c.toml"
     path.write_text(GOOD)
-    proc = subprocess.run([AGENTRL, "train", str(path), f'--run.out="{used}"'],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        [AGENTRL, "train", str(path), f'--run.out="{used}"'],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 1 and "--resume" in proc.stderr
     assert sorted(p.name for p in used.iterdir()) == ["keep.txt"]
-    proc = subprocess.run([AGENTRL, "train", "--resume", str(used)], capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        [AGENTRL, "train", "--resume", str(used)], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 1 and "no `agentrl train` run to resume" in proc.stderr
 
 

@@ -47,8 +47,13 @@ def test_eval_every_rows_at_their_steps(tmp_path: Path, model_cache: Path) -> No
     run_dir, config = tmp_path / "run", tmp_path / "digits.toml"
     config.write_text(CONFIG)
     env = {**os.environ, "AGENTRL_CACHE": str(model_cache)}
-    proc = subprocess.run([AGENTRL, "train", str(config), f'--run.out="{run_dir}"'], env=env,
-                          capture_output=True, text=True, timeout=280)  # fmt: skip
+    proc = subprocess.run(
+        [AGENTRL, "train", str(config), f'--run.out="{run_dir}"'],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-3000:]
 

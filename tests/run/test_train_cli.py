@@ -51,8 +51,13 @@ status_every_s = 0.1
 
 
 def _top(run_dir: Path) -> str:
-    proc = subprocess.run([AGENTRL, "top", str(run_dir), "--once"], capture_output=True,
-                          text=True, timeout=60, env={**os.environ, "COLUMNS": "200"})  # fmt: skip
+    proc = subprocess.run(
+        [AGENTRL, "top", str(run_dir), "--once"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "200"},
+    )
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 
@@ -71,8 +76,9 @@ def test_train_cli_run_dir_top_and_resume(
     env = {**os.environ, "AGENTRL_CACHE": str(model_cache)}
     log = (tmp_path / "train.log").open("wb")
     command = [AGENTRL, "train", str(config), f'--run.out="{run_dir}"']
-    proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
     live_view = None
     try:
         deadline = time.monotonic() + 300
@@ -105,7 +111,11 @@ def test_train_cli_run_dir_top_and_resume(
 
     # plain progress: one line per step, evaluation before and after
     assert [line.split()[1] for line in output.splitlines() if line.startswith("step ")] == [
-        "1/4", "2/4", "3/4", "4/4"]  # fmt: skip
+        "1/4",
+        "2/4",
+        "3/4",
+        "4/4",
+    ]
     assert "eval before (version 0, 16 held-out episodes)" in output
     assert "eval after (version 4, 16 held-out episodes)" in output
 
@@ -114,8 +124,17 @@ def test_train_cli_run_dir_top_and_resume(
     assert recorded.train.steps == 4 and recorded.run.out == str(run_dir)
     rows = read_metrics(run_dir, "train")
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
-    for key in ("reward_mean", "success_rate", "tokens_per_s", "staleness_mean", "queue_depth",
-                "in_flight", "loss", "publish_s", "generation_busy_s"):  # fmt: skip
+    for key in (
+        "reward_mean",
+        "success_rate",
+        "tokens_per_s",
+        "staleness_mean",
+        "queue_depth",
+        "in_flight",
+        "loss",
+        "publish_s",
+        "generation_busy_s",
+    ):
         assert key in rows[-1], key
     evals = read_metrics(run_dir, "eval")
     assert [(e["label"], e["episodes"]) for e in evals] == [("before", 16), ("after", 16)]
@@ -138,8 +157,10 @@ def test_train_cli_run_dir_top_and_resume(
     # async: some generation ran while the trainer stepped
     overlap = any(
         g["ts"] < t["ts"] + t["dur"] and t["ts"] < g["ts"] + g["dur"]
-        for t in train_spans for g in engine_spans if g["pid"] == 1
-    )  # fmt: skip
+        for t in train_spans
+        for g in engine_spans
+        if g["pid"] == 1
+    )
     assert overlap, "no generation span overlaps a training step"
     for name in ("reward", "staleness", "throughput"):
         assert (run_dir / "plots" / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -151,9 +172,13 @@ def test_train_cli_run_dir_top_and_resume(
     assert "finished" in view and "store: episodes" in view and "eval after" in view
 
     # --resume with more steps trains on from step 4 (no evaluation before: step > 0)
-    proc = subprocess.run([AGENTRL, "train", "--resume", str(run_dir), "--train.steps=6",
-                           "--eval.episodes=0"], env=env, capture_output=True, text=True,
-                          timeout=600)  # fmt: skip
+    proc = subprocess.run(
+        [AGENTRL, "train", "--resume", str(run_dir), "--train.steps=6", "--eval.episodes=0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "resumed at step 4" in proc.stdout
     assert [r["step"] for r in read_metrics(run_dir, "train")] == [1, 2, 3, 4, 5, 6]
@@ -194,11 +219,19 @@ def test_train_with_rollout_worker_processes(tmp_path: Path, model_cache: Path) 
     config = tmp_path / "workers.toml"
     config.write_text(WORKERS_CONFIG)
     env = {**os.environ, "AGENTRL_CACHE": str(model_cache)}
-    proc = subprocess.run([AGENTRL, "train", str(config), f'--run.out="{run_dir}"'], env=env,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    proc = subprocess.run(
+        [AGENTRL, "train", str(config), f'--run.out="{run_dir}"'],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("step ")] == [
-        "1/3", "2/3", "3/3"]  # fmt: skip
+        "1/3",
+        "2/3",
+        "3/3",
+    ]
     rows = read_metrics(run_dir, "train")
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert rows[-1]["tokens_per_s"] > 0 and "in_flight" in rows[-1]
@@ -208,6 +241,7 @@ def test_train_with_rollout_worker_processes(tmp_path: Path, model_cache: Path) 
         assert audit["trained_tasks"] == 3 * 4
         assert [v["version"] for v in store.versions()] == [1, 2, 3]
     trace = json.loads((run_dir / "trace.json").read_text())
-    engine = [e for e in trace if e.get("ph") == "X" and e["cat"] == "episode"
-              and e["name"] == "engine"]  # fmt: skip
+    engine = [
+        e for e in trace if e.get("ph") == "X" and e["cat"] == "episode" and e["name"] == "engine"
+    ]
     assert engine, "no episode generation spans in the trace"

@@ -44,11 +44,28 @@ plots = false
 
 
 def _launch(args: list[str], log: Path, env: dict[str, Any]) -> tuple[int, str]:
-    command = [TORCHRUN, "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-               "--master_port", str(free_port()), "-m", "agentrl.cli", "train", *args]  # fmt: skip
+    command = [
+        TORCHRUN,
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(free_port()),
+        "-m",
+        "agentrl.cli",
+        "train",
+        *args,
+    ]
     with log.open("wb") as out:
-        proc = subprocess.run(command, env=env, stdout=out, stderr=subprocess.STDOUT,
-                              timeout=600, start_new_session=True)  # fmt: skip
+        proc = subprocess.run(
+            command,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            timeout=600,
+            start_new_session=True,
+        )
     return proc.returncode, log.read_text(errors="replace")
 
 
@@ -65,8 +82,7 @@ def test_two_process_launch_trains_and_resumes(tmp_path: Path, model_cache: Path
     first = audit(run_dir)
     assert first["ok"] and first["consumed_steps"] == 2 and first["integrity"] == "ok"
 
-    rc, log = _launch(["--resume", str(run_dir), "--train.steps=3"], tmp_path / "resume.log",
-                      env)  # fmt: skip
+    rc, log = _launch(["--resume", str(run_dir), "--train.steps=3"], tmp_path / "resume.log", env)
     assert rc == 0, log[-3000:]
     assert "resumed at step 2" in log and "done: 3 steps" in log
     end = audit(run_dir)
@@ -77,7 +93,12 @@ def test_a_launch_on_several_processes_needs_run_out(tmp_path: Path) -> None:
     config = tmp_path / "two.toml"
     config.write_text(CONFIG)
     env = {**os.environ, "RANK": "0", "WORLD_SIZE": "2"}
-    proc = subprocess.run([str(Path(sys.executable).parent / "agentrl"), "train", str(config)],
-                          env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "agentrl"), "train", str(config)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 1
     assert "needs run.out (all ranks must agree on the run directory)" in proc.stderr

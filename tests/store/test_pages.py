@@ -16,18 +16,34 @@ pytestmark = pytest.mark.timeout(30)
 def _trajectory(i: int) -> Trajectory:
     version = i % 3
     return Trajectory(
-        episode_id=f"e{i}", task_id=f"t{i}", env_id=f"env{i % 2}", seed=i,
-        token_ids=[1, 2, 3], logprobs=[float("nan"), -0.5, -0.1], versions=[-1, 0, version],
-        loss_mask=[0, 1, 1], spans=(TokenSpan("prompt", 0, 1, 0), TokenSpan("assistant", 1, 3, 0)),
-        messages=[], turn_rewards=[i / 10], reward=i / 10, status="finished",
-    )  # fmt: skip
+        episode_id=f"e{i}",
+        task_id=f"t{i}",
+        env_id=f"env{i % 2}",
+        seed=i,
+        token_ids=[1, 2, 3],
+        logprobs=[float("nan"), -0.5, -0.1],
+        versions=[-1, 0, version],
+        loss_mask=[0, 1, 1],
+        spans=(TokenSpan("prompt", 0, 1, 0), TokenSpan("assistant", 1, 3, 0)),
+        messages=[],
+        turn_rewards=[i / 10],
+        reward=i / 10,
+        status="finished",
+    )
 
 
 @pytest.mark.parametrize(
     "filters",
-    [{}, {"env_id": "env1"}, {"min_reward": 0.5, "max_reward": 1.5}, {"min_version_span": 2},
-     {"limit": 7}, {"state": ["finished"], "limit": 0}, {"min_version_span": 1, "limit": 4}],
-)  # fmt: skip
+    [
+        {},
+        {"env_id": "env1"},
+        {"min_reward": 0.5, "max_reward": 1.5},
+        {"min_version_span": 2},
+        {"limit": 7},
+        {"state": ["finished"], "limit": 0},
+        {"min_version_span": 1, "limit": 4},
+    ],
+)
 def test_pages_hold_the_rows_of_episodes(tmp_path: Path, filters: dict) -> None:
     from agentrl.types import Task
 

@@ -33,11 +33,24 @@ TASKS = [Task(f"t{i}", "agentrl/Digits-v0", i, env_kwargs={"pad": "x" * 4000}) f
 def checkpoint(task: Task, turn: int) -> PartialEpisode:
     """A checkpoint of episode ``<task>/0`` after ``turn`` turns (no tokens needed here)."""
     return PartialEpisode(
-        episode_id=f"{task.task_id}/0", task=task, attempt=0, version=0, started_version=0,
-        segments=[], messages=[], tools=None, turn=turn, turn_sampled=0, last_finish="stop",
-        segments_started=1, rewards=[], tool_calls=0, env_state=None, env_log=[],
+        episode_id=f"{task.task_id}/0",
+        task=task,
+        attempt=0,
+        version=0,
+        started_version=0,
+        segments=[],
+        messages=[],
+        tools=None,
+        turn=turn,
+        turn_sampled=0,
+        last_finish="stop",
+        segments_started=1,
+        rewards=[],
+        tool_calls=0,
+        env_state=None,
+        env_log=[],
         turn_starts=[],
-    )  # fmt: skip
+    )
 
 
 def fill_disk(store: EpisodeStore) -> None:

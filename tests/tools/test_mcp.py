@@ -76,9 +76,13 @@ def test_tools_list_into_schemas_and_calls_give_results_and_error_kinds(call_log
 
     async def run() -> list[Any]:
         toolset = ToolSet(tools, timeout_s=5.0)
-        calls = [ToolCall("add", {"a": 2, "b": 3}), ToolCall("multiply", {"a": 4, "b": 5}),
-                 ToolCall("divide", {"a": 1, "b": 0}), ToolCall("add", {"a": "x", "b": 1}),
-                 ToolCall("wait", {"seconds": 0.01})]  # fmt: skip
+        calls = [
+            ToolCall("add", {"a": 2, "b": 3}),
+            ToolCall("multiply", {"a": 4, "b": 5}),
+            ToolCall("divide", {"a": 1, "b": 0}),
+            ToolCall("add", {"a": "x", "b": 1}),
+            ToolCall("wait", {"seconds": 0.01}),
+        ]
         results = [await toolset.call(c) for c in calls]
         toolset.tools["wait"].timeout_s = 0.2
         results.append(await toolset.call(ToolCall("wait", {"seconds": 30})))
@@ -130,8 +134,9 @@ def test_a_server_that_dies_fails_the_call_then_starts_again(
         return [first, lost, again, pid]
 
     first, lost, again, pid = asyncio.run(run())
-    record_fault("MCP server SIGKILLed mid-episode", injected=1,
-                 survived=int(again.content == "7"), lost=0)  # fmt: skip
+    record_fault(
+        "MCP server SIGKILLed mid-episode", injected=1, survived=int(again.content == "7"), lost=0
+    )
     assert (first.content, first.error) == ("3", None)
     assert lost.error == "tool_exception" and "calc_server.py failed" in lost.content, lost
     assert (again.content, again.error) == ("7", None)
@@ -180,8 +185,10 @@ def test_streamable_http_server(call_log: Path, tmp_path: Path) -> None:
         proc.wait()
 
 
-async def test_an_episode_of_the_example_env_calls_the_server(tokenizer: Any, call_log: Path,
-                                                                 ) -> None:  # fmt: skip
+async def test_an_episode_of_the_example_env_calls_the_server(
+    tokenizer: Any,
+    call_log: Path,
+) -> None:
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
@@ -201,11 +208,14 @@ async def test_an_episode_of_the_example_env_calls_the_server(tokenizer: Any, ca
             )
         return f"Answer: {text.rsplit('<tool_response>', 1)[1].split('<')[0].strip()}"
 
-    runner = EpisodeRunner(ScriptedClient(tokenizer, reply), tokenizer,
-                           RolloutConfig(max_turns=4, max_tokens_per_turn=64))  # fmt: skip
-    trajectories = await asyncio.gather(*(
-        runner.run(Task(f"t{i}", "examples/MCPArithmetic-v0", seed=i), f"e{i}") for i in range(4)
-    ))  # fmt: skip
+    runner = EpisodeRunner(
+        ScriptedClient(tokenizer, reply),
+        tokenizer,
+        RolloutConfig(max_turns=4, max_tokens_per_turn=64),
+    )
+    trajectories = await asyncio.gather(
+        *(runner.run(Task(f"t{i}", "examples/MCPArithmetic-v0", seed=i), f"e{i}") for i in range(4))
+    )
     for (traj,) in trajectories:
         assert (traj.status, traj.reward) == ("finished", 1.0), traj.reason
         (call,) = [e for e in traj.env_log if "tool" in e]

@@ -52,8 +52,9 @@ def taught(model_cache: Path, call_log: Path) -> TaughtModel:
     return model
 
 
-async def test_the_model_calls_the_mcp_tool_through_real_vllm(taught: TaughtModel,
-                                                              call_log: Path) -> None:  # fmt: skip
+async def test_the_model_calls_the_mcp_tool_through_real_vllm(
+    taught: TaughtModel, call_log: Path
+) -> None:
     from transformers import AutoTokenizer
 
     from agentrl.chat.formats import resolve_chat_format
@@ -61,12 +62,12 @@ async def test_the_model_calls_the_mcp_tool_through_real_vllm(taught: TaughtMode
     tokenizer = AutoTokenizer.from_pretrained(taught.path)
     assert '"name": "add"' in tokenizer.decode(taught.token_ids), "the server's schema"
     config = InferenceConfig(max_model_len=512, kv_cache_mib=64)
-    rollout = RolloutConfig(max_turns=6, max_tool_calls=4, max_tokens_per_turn=120,
-                            temperature=0.0)  # fmt: skip
+    rollout = RolloutConfig(max_turns=6, max_tool_calls=4, max_tokens_per_turn=120, temperature=0.0)
     async with await VLLMEngineClient.start(str(taught.path), config) as engine:
         client = RecordingClient(engine, tokenizer, taught.family.eos)
-        runner = EpisodeRunner(client, tokenizer, rollout,
-                               chat=resolve_chat_format(tokenizer, SETTINGS))  # fmt: skip
+        runner = EpisodeRunner(
+            client, tokenizer, rollout, chat=resolve_chat_format(tokenizer, SETTINGS)
+        )
         (traj,) = await runner.run(Task("t#0", ENV_ID, 0), "t#0/0")
     assert (traj.status, traj.reward) == ("finished", 1.0), traj.reason
     call = traj.env_log[1]

@@ -85,9 +85,11 @@ async def test_without_os_isolation_it_refuses_to_run_unless_allowed(
 
 @pytest.mark.parametrize("how", ["environment", "policy", "process"])
 async def test_the_weaker_mode_runs_when_allowed_explicitly(
-    how: str, no_os_isolation: None, monkeypatch: pytest.MonkeyPatch,
+    how: str,
+    no_os_isolation: None,
+    monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
-) -> None:  # fmt: skip
+) -> None:
     policy = SandboxPolicy(isolation="fallback") if how == "policy" else SandboxPolicy()
     if how != "policy":
         monkeypatch.setenv("AGENTRL_SANDBOX", "fallback" if how == "environment" else "process")

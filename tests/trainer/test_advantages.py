@@ -23,8 +23,14 @@ from agentrl.types import Group, Task, TokenSpan, Trajectory
 ROLE = {"prompt": "user", "assistant": "assistant", "env": "user", "tool": "tool"}
 
 
-def episode(eid: str, pieces: list[tuple[str, str]], turn_rewards: list[float], *,
-            segment: int = 0, status: str = "finished") -> Trajectory:  # fmt: skip
+def episode(
+    eid: str,
+    pieces: list[tuple[str, str]],
+    turn_rewards: list[float],
+    *,
+    segment: int = 0,
+    status: str = "finished",
+) -> Trajectory:
     """A trajectory from (kind, text) pieces: one token per character, turns numbered as
     the conversation numbers them (an env reply after turn k belongs to turn k + 1)."""
     ids: list[int] = []
@@ -40,11 +46,21 @@ def episode(eid: str, pieces: list[tuple[str, str]], turn_rewards: list[float], 
         turn += kind == "assistant"
     m = np.array(mask)
     return Trajectory(
-        episode_id=eid, task_id="t", env_id="e", seed=0, token_ids=ids,
-        logprobs=np.where(m == 1, -1.0, np.nan), versions=np.where(m == 1, 0, -1),
-        loss_mask=m, spans=tuple(spans), messages=messages, turn_rewards=turn_rewards,
-        reward=float(sum(turn_rewards)), status=status, segment=segment,  # type: ignore[arg-type]
-    )  # fmt: skip
+        episode_id=eid,
+        task_id="t",
+        env_id="e",
+        seed=0,
+        token_ids=ids,
+        logprobs=np.where(m == 1, -1.0, np.nan),
+        versions=np.where(m == 1, 0, -1),
+        loss_mask=m,
+        spans=tuple(spans),
+        messages=messages,
+        turn_rewards=turn_rewards,
+        reward=float(sum(turn_rewards)),
+        status=status,
+        segment=segment,  # type: ignore[arg-type]
+    )
 
 
 def test_discounted_returns() -> None:
@@ -88,36 +104,49 @@ def test_single_turn_episodes_get_their_episode_advantage(scale: str) -> None:
     with the episode advantage (and gigpo's step groups repeat it on top)."""
     rng = np.random.default_rng(0)
     rewards = rng.random(9).round(2)
-    episodes = [EpisodeTurns(i // 3, float(r), (float(r),), ("prompt",))
-                for i, r in enumerate(rewards)]  # fmt: skip
-    expected = group_advantages(torch.tensor(rewards), torch.tensor([i // 3 for i in range(9)]),
-                                scale).tolist()  # type: ignore[arg-type]  # fmt: skip
+    episodes = [
+        EpisodeTurns(i // 3, float(r), (float(r),), ("prompt",)) for i, r in enumerate(rewards)
+    ]
+    expected = group_advantages(
+        torch.tensor(rewards), torch.tensor([i // 3 for i in range(9)]), scale
+    ).tolist()  # type: ignore[arg-type]
     for scheme, factor in (("episode", 1.0), ("turn_return", 1.0), ("gigpo", 1.5)):
         out = turn_advantages(episodes, scheme, scale, gamma=1.0, step_weight=0.5)  # type: ignore[arg-type]
         assert np.allclose([t[0] for t in out], np.array(expected) * factor, atol=1e-5), scheme
 
 
 def test_step_keys_observation_and_prefix() -> None:
-    a = episode("a", [("prompt", "go"), ("assistant", "5"), ("env", "higher"),
-                      ("assistant", "7")], [0.0, 1.0])  # fmt: skip
-    b = episode("b", [("prompt", "go"), ("assistant", "3"), ("env", "higher"),
-                      ("assistant", "8")], [0.0])  # fmt: skip
+    a = episode(
+        "a",
+        [("prompt", "go"), ("assistant", "5"), ("env", "higher"), ("assistant", "7")],
+        [0.0, 1.0],
+    )
+    b = episode(
+        "b", [("prompt", "go"), ("assistant", "3"), ("env", "higher"), ("assistant", "8")], [0.0]
+    )
     ta, tb = (episode_turns(0, [t], "observation") for t in (a, b))
     assert ta.keys == tb.keys  # same prompt, then the same reply "higher"
     assert tb.turn_rewards == (0.0, 0.0)  # the last turn got no reward: 0
     pa, pb = (episode_turns(0, [t], "prefix") for t in (a, b))
     assert pa.keys[0] == pb.keys[0] and pa.keys[1] != pb.keys[1]  # histories differ at "5"/"3"
     # the env's text decides, not the tokens before it: a different reply, another key
-    c = episode("c", [("prompt", "go"), ("assistant", "5"), ("env", "lower"),
-                      ("assistant", "2")], [0.0, 0.0])  # fmt: skip
+    c = episode(
+        "c",
+        [("prompt", "go"), ("assistant", "5"), ("env", "lower"), ("assistant", "2")],
+        [0.0, 0.0],
+    )
     assert episode_turns(0, [c], "observation").keys[1] != ta.keys[1]
 
 
 def test_turn_advantages_reach_their_tokens() -> None:
-    a = episode("a", [("prompt", "go"), ("assistant", "55"), ("env", "hi"),
-                      ("assistant", "777")], [0.0, 1.0])  # fmt: skip
-    b = episode("b", [("prompt", "go"), ("assistant", "33"), ("env", "hi"),
-                      ("assistant", "8")], [0.0, 0.0])  # fmt: skip
+    a = episode(
+        "a",
+        [("prompt", "go"), ("assistant", "55"), ("env", "hi"), ("assistant", "777")],
+        [0.0, 1.0],
+    )
+    b = episode(
+        "b", [("prompt", "go"), ("assistant", "33"), ("env", "hi"), ("assistant", "8")], [0.0, 0.0]
+    )
     failed = episode("f", [("prompt", "go"), ("assistant", "9")], [5.0], status="failed")
     groups = [Group(Task("t", "e", 0), 3, [a, b, failed])]
     loss = LossConfig(advantage="turn_return", gamma=0.5)
@@ -145,9 +174,15 @@ def test_segments_keep_the_turn_numbering() -> None:
     """An episode split in two segments: the second segment's turn is turn 1."""
     first = episode("s", [("prompt", "go"), ("assistant", "55")], [0.0, 1.0])
     second = episode("s", [("prompt", "go55hi"), ("assistant", "777")], [0.0, 1.0], segment=1)
-    second = Trajectory.from_json({**second.to_json(), "spans": [
-        {"kind": "prompt", "start": 0, "end": 6, "turn": 1},
-        {"kind": "assistant", "start": 6, "end": 9, "turn": 1}]})  # fmt: skip
+    second = Trajectory.from_json(
+        {
+            **second.to_json(),
+            "spans": [
+                {"kind": "prompt", "start": 0, "end": 6, "turn": 1},
+                {"kind": "assistant", "start": 6, "end": 9, "turn": 1},
+            ],
+        }
+    )
     turns = episode_turns(0, [first, second], "prefix")
     assert turns.turn_rewards == (0.0, 1.0) and len(turns.keys) == 2
     assert token_advantages(second, (0.25, 0.75)).tolist() == [0.0] * 6 + [0.75] * 3
@@ -164,10 +199,12 @@ def test_a_trajectory_without_spans_is_refused() -> None:
 
 
 def test_advantage_keys_are_checked() -> None:
-    cases = (({"gamma": 1.5}, ["trainer.loss.gamma", "1.5", "[0, 1]"]),
-             ({"step_weight": -1.0}, ["trainer.loss.step_weight", ">= 0"]),
-             ({"advantage": "td"}, ["trainer.loss.advantage", "'td'", "gigpo"]),
-             ({"step_key": "x"}, ["trainer.loss.step_key", "observation"]))  # fmt: skip
+    cases = (
+        ({"gamma": 1.5}, ["trainer.loss.gamma", "1.5", "[0, 1]"]),
+        ({"step_weight": -1.0}, ["trainer.loss.step_weight", ">= 0"]),
+        ({"advantage": "td"}, ["trainer.loss.advantage", "'td'", "gigpo"]),
+        ({"step_key": "x"}, ["trainer.loss.step_key", "observation"]),
+    )
     for kwargs, names in cases:
         with pytest.raises(ConfigError) as info:
             LossConfig(**kwargs)  # type: ignore[arg-type]

@@ -26,22 +26,31 @@ def synthetic_groups(seed: int, groups: int = 2, size: int = 3) -> list[Group]:
             prompt, reply = int(rng.integers(4, 9)), int(rng.integers(3, 8))
             n = prompt + reply
             mask = np.r_[np.zeros(prompt), np.ones(reply)].astype(np.int8)
-            trajectories.append(Trajectory(
-                episode_id=f"t#{g}/{i}", task_id=task.task_id, env_id="none", seed=g,
-                token_ids=rng.integers(7, 500, n), loss_mask=mask,
-                logprobs=np.where(mask == 1, -rng.random(n) * 3, np.nan),
-                versions=np.where(mask == 1, 0, -1),
-                spans=(TokenSpan("prompt", 0, prompt, 0), TokenSpan("assistant", prompt, n, 0)),
-                messages=[], turn_rewards=[float(rng.random())], reward=float(rng.random()),
-                status="finished",
-            ))  # fmt: skip
+            trajectories.append(
+                Trajectory(
+                    episode_id=f"t#{g}/{i}",
+                    task_id=task.task_id,
+                    env_id="none",
+                    seed=g,
+                    token_ids=rng.integers(7, 500, n),
+                    loss_mask=mask,
+                    logprobs=np.where(mask == 1, -rng.random(n) * 3, np.nan),
+                    versions=np.where(mask == 1, 0, -1),
+                    spans=(TokenSpan("prompt", 0, prompt, 0), TokenSpan("assistant", prompt, n, 0)),
+                    messages=[],
+                    turn_rewards=[float(rng.random())],
+                    reward=float(rng.random()),
+                    status="finished",
+                )
+            )
         out.append(Group(task, size, trajectories))
     return out
 
 
 def same_state(a: Trainer, b: Trainer) -> None:
-    for (name, pa), (_, pb) in zip(a.model.named_parameters(), b.model.named_parameters(),
-                                   strict=True):  # fmt: skip
+    for (name, pa), (_, pb) in zip(
+        a.model.named_parameters(), b.model.named_parameters(), strict=True
+    ):
         assert torch.equal(pa, pb), name
     sa, sb = a.optimizer.state_dict(), b.optimizer.state_dict()
     assert sa["param_groups"] == sb["param_groups"]
@@ -57,8 +66,11 @@ def same_state(a: Trainer, b: Trainer) -> None:
 def test_resume_restores_step_optimizer_version_and_rng_exactly(
     tmp_path: Path, tiny_model: Path, lora: bool
 ) -> None:
-    config = TrainerConfig(lr=1e-3, loss=LossConfig("dapo", correction="token_truncate"),
-                           lora=LoraConfig(enabled=lora, r=4))  # fmt: skip
+    config = TrainerConfig(
+        lr=1e-3,
+        loss=LossConfig("dapo", correction="token_truncate"),
+        lora=LoraConfig(enabled=lora, r=4),
+    )
     a = Trainer(str(tiny_model), config, temperature=1.0, seed=0)
     for step in range(2):
         a.train_step(synthetic_groups(step))

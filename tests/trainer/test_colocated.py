@@ -31,11 +31,21 @@ from tests.trainer.test_checkpoint import synthetic_groups
 
 H200 = int(139.8 * 2**30)
 SHAPES = {  # Qwen2.5-0.5B and 1.5B (tied embeddings)
-    "0.5b": {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14,
-             "num_key_value_heads": 2, "intermediate_size": 4864},
-    "1.5b": {"hidden_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 12,
-             "num_key_value_heads": 2, "intermediate_size": 8960},
-}  # fmt: skip
+    "0.5b": {
+        "hidden_size": 896,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 14,
+        "num_key_value_heads": 2,
+        "intermediate_size": 4864,
+    },
+    "1.5b": {
+        "hidden_size": 1536,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 12,
+        "num_key_value_heads": 2,
+        "intermediate_size": 8960,
+    },
+}
 
 
 def _shape(name: str) -> tuple[Any, int]:
@@ -49,15 +59,19 @@ def _shape(name: str) -> tuple[Any, int]:
 
 def _plan(name: str, trainer: TrainerConfig, inference: InferenceConfig) -> Any:
     config, params = _shape(name)
-    return colocated_plan(config, params, trainer, inference, precision="bf16",
-                          chunked=True, total=H200)  # fmt: skip
+    return colocated_plan(
+        config, params, trainer, inference, precision="bf16", chunked=True, total=H200
+    )
 
 
 def test_the_budget_of_real_shapes_on_one_h200() -> None:
     _, params = _shape("0.5b")
     assert 490e6 < params < 500e6  # Qwen2.5-0.5B: 494M with tied embeddings
-    small = _plan("0.5b", TrainerConfig(micro_batch_tokens=16_384),
-                  InferenceConfig(dtype="bfloat16", kv_cache_mib=8192))  # fmt: skip
+    small = _plan(
+        "0.5b",
+        TrainerConfig(micro_batch_tokens=16_384),
+        InferenceConfig(dtype="bfloat16", kv_cache_mib=8192),
+    )
     assert small.fits(), small.describe()
     assert small.trainer_static == params * 16
     assert small.vllm == params * 2 + 8192 * 2**20 + 2**30
@@ -67,10 +81,13 @@ def test_the_budget_of_real_shapes_on_one_h200() -> None:
     big = _plan("1.5b", trainer, greedy)
     assert not big.fits(), big.describe()
     text = str(colocated_error(big, trainer, greedy))
-    for setting in ("inference.gpu_memory_utilization (now 0.6)",
-                    "inference.sleep_during_train = true", "trainer.lora.enabled = true",
-                    "trainer.gradient_checkpointing = true",
-                    "trainer.micro_batch_tokens (now 16384)"):  # fmt: skip
+    for setting in (
+        "inference.gpu_memory_utilization (now 0.6)",
+        "inference.sleep_during_train = true",
+        "trainer.lora.enabled = true",
+        "trainer.gradient_checkpointing = true",
+        "trainer.micro_batch_tokens (now 16384)",
+    ):
         assert setting in text, text
     # each named fix is real: sleeping, or checkpointing, makes this one fit
     assert _plan("1.5b", trainer, dataclasses.replace(greedy, sleep_during_train=True)).fits()
@@ -83,16 +100,20 @@ def test_the_budget_of_real_shapes_on_one_h200() -> None:
 def test_full_logits_and_fp32_cost_what_the_plan_says() -> None:
     config, params = _shape("0.5b")
     trainer, inference = TrainerConfig(micro_batch_tokens=8192), InferenceConfig()
-    chunked = colocated_plan(config, params, trainer, inference, precision="bf16",
-                             chunked=True, total=H200)  # fmt: skip
-    full = colocated_plan(config, params, trainer, inference, precision="bf16",
-                          chunked=False, total=H200)  # fmt: skip
-    fp32 = colocated_plan(config, params, trainer, inference, precision="fp32",
-                          chunked=True, total=H200)  # fmt: skip
+    chunked = colocated_plan(
+        config, params, trainer, inference, precision="bf16", chunked=True, total=H200
+    )
+    full = colocated_plan(
+        config, params, trainer, inference, precision="bf16", chunked=False, total=H200
+    )
+    fp32 = colocated_plan(
+        config, params, trainer, inference, precision="fp32", chunked=True, total=H200
+    )
     assert full.trainer_activations - chunked.trainer_activations == 2 * 8192 * 151_936 * 2
     weights = 2 * params  # autocast's bf16 copy
-    assert (fp32.trainer_activations / (chunked.trainer_activations - weights)
-            == pytest.approx(135 / 80))  # fmt: skip
+    assert fp32.trainer_activations / (chunked.trainer_activations - weights) == pytest.approx(
+        135 / 80
+    )
 
 
 # First-step peaks measured on an H200 by benchmarks/bench_trainer.py (2026-12-04,
@@ -108,31 +129,43 @@ H200_FIRST_STEP_PEAKS = [
 ]
 
 
-@pytest.mark.parametrize(("shape", "tokens", "precision", "chunked", "first"),
-                         H200_FIRST_STEP_PEAKS)  # fmt: skip
+@pytest.mark.parametrize(
+    ("shape", "tokens", "precision", "chunked", "first"), H200_FIRST_STEP_PEAKS
+)
 def test_the_trainer_estimate_is_within_a_tenth_of_the_h200_measurements(
     shape: str, tokens: int, precision: str, chunked: bool, first: float
 ) -> None:
     """The plan's trainer memory (held + per step) against what a step held on an H200,
     so that a start-time 'it fits' is not an out-of-memory error at the first step."""
     config, params = _shape(shape)
-    plan = colocated_plan(config, params, TrainerConfig(micro_batch_tokens=tokens),
-                          InferenceConfig(), precision=precision, chunked=chunked,
-                          total=H200)  # fmt: skip
+    plan = colocated_plan(
+        config,
+        params,
+        TrainerConfig(micro_batch_tokens=tokens),
+        InferenceConfig(),
+        precision=precision,
+        chunked=chunked,
+        total=H200,
+    )
     measured = first * 2**30 + 8 * params
     estimate = plan.trainer_static + plan.trainer_activations
     assert abs(estimate / measured - 1) < 0.1, (estimate / 2**30, measured / 2**30)
 
 
-@pytest.mark.parametrize(("override", "needs"), [
-    ("--train.mode=\"async\"", "train.mode = 'sync'"),
-    ("--inference.mode=\"server\"", "inference.mode = 'engine'"),
-    ("--eval.every=2 --eval.episodes=8", "eval.every = 0"),
-])  # fmt: skip
-def test_sleep_during_train_needs_sync_engine_and_no_eval_beside(override: str,
-                                                                 needs: str) -> None:  # fmt: skip
-    base = ['--env.id="agentrl/Digits-v0"', "--inference.sleep_during_train=true",
-            '--train.mode="sync"']  # fmt: skip
+@pytest.mark.parametrize(
+    ("override", "needs"),
+    [
+        ('--train.mode="async"', "train.mode = 'sync'"),
+        ('--inference.mode="server"', "inference.mode = 'engine'"),
+        ("--eval.every=2 --eval.episodes=8", "eval.every = 0"),
+    ],
+)
+def test_sleep_during_train_needs_sync_engine_and_no_eval_beside(override: str, needs: str) -> None:
+    base = [
+        '--env.id="agentrl/Digits-v0"',
+        "--inference.sleep_during_train=true",
+        '--train.mode="sync"',
+    ]
     RunConfig.load(None, base).check()  # the right combination is accepted
     with pytest.raises(ConfigError, match=f"sleep_during_train needs {needs}"):
         RunConfig.load(None, [*base, *override.split()]).check()
@@ -185,9 +218,14 @@ def test_the_loop_puts_vllm_to_sleep_for_each_step(tiny_model: Path) -> None:
         async def wake_up(self) -> None:  # the real one also empties torch's CUDA cache
             await self.engine.wake_up()
 
-    loop = TrainLoop(trainer, Publisher(), Scheduler(), None,  # type: ignore[arg-type]
-                     TrainConfig(mode="sync", checkpoint_every=0),
-                     sleeper=Sleep(_Engine(events)))  # fmt: skip
+    loop = TrainLoop(
+        trainer,
+        Publisher(),
+        Scheduler(),
+        None,  # type: ignore[arg-type]
+        TrainConfig(mode="sync", checkpoint_every=0),
+        sleeper=Sleep(_Engine(events)),
+    )
     asyncio.run(loop._train(synthetic_groups(0)))
     assert events == ["sleep", "train", "wake", "publish"]
     with pytest.raises(RuntimeError, match="a failing step"):

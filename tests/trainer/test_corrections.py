@@ -49,9 +49,19 @@ def test_geometric_sequence_mask_by_hand() -> None:
     assert keep.flatten().tolist() == [1.0, 0.0, 0.0, 1.0, 1.0]
     # one bound alone
     assert geometric_sequence_mask(old, behaviour, mask, None, 1.01).flatten().tolist() == [
-        1.0, 0.0, 1.0, 1.0, 1.0]  # fmt: skip
+        1.0,
+        0.0,
+        1.0,
+        1.0,
+        1.0,
+    ]
     assert geometric_sequence_mask(old, behaviour, mask, 0.99, None).flatten().tolist() == [
-        1.0, 1.0, 0.0, 1.0, 1.0]  # fmt: skip
+        1.0,
+        1.0,
+        0.0,
+        1.0,
+        1.0,
+    ]
 
 
 def test_icepop_token_mask_by_hand() -> None:
@@ -78,7 +88,11 @@ def test_outlier_sequence_mask_by_hand() -> None:
     assert keep.shape == (4, 1)
     assert keep.flatten().tolist() == [0.0, 1.0, 0.0, 1.0]
     assert outlier_sequence_mask(old, behaviour, mask, None, 100.0).flatten().tolist() == [
-        1.0, 1.0, 0.0, 1.0]  # fmt: skip
+        1.0,
+        1.0,
+        0.0,
+        1.0,
+    ]
 
 
 def test_correction_masks_combine_and_count() -> None:
@@ -111,8 +125,9 @@ def test_dppo_terms_by_hand() -> None:
     mu = torch.tensor([[0.25, 0.4, 0.4, 0.4, 0.4]])
     adv = torch.tensor([[1.0, 1.0, -1.0, -1.0, 1.0]])
     logprobs = p.log().requires_grad_(True)
-    config = LossConfig("dppo", dppo_mask_low=0.2, dppo_mask_high=0.2, dppo_kl=0.1,
-                        correction="none")  # fmt: skip
+    config = LossConfig(
+        "dppo", dppo_mask_low=0.2, dppo_mask_high=0.2, dppo_kl=0.1, correction="none"
+    )
     per_token, clipped = dppo_terms(logprobs, mu.log(), adv, config)
     kl = [0.1 * log(r) ** 2 for r in (2.0, 1.25, 0.25, 0.75, 0.25)]
     expected = [
@@ -182,15 +197,29 @@ def test_icepop_matches_trl_token_mask(trl_trainer: Any, kind: str) -> None:
     inputs["importance_sampling_ratio"] = ratio.masked_fill((ratio < 0.5) | (ratio > 2.0), 0.0)
     theirs = trainer._compute_loss(model, inputs)
 
-    config = LossConfig(kind, 0.2, 0.2, correction="token_truncate", correction_min=None,
-                        correction_max=None, token_mask_low=0.5, token_mask_high=2.0)  # fmt: skip
+    config = LossConfig(
+        kind,
+        0.2,
+        0.2,
+        correction="token_truncate",
+        correction_min=None,
+        correction_max=None,
+        token_mask_low=0.5,
+        token_mask_high=2.0,
+    )
     masks = correction_masks(old, behaviour, mask, config)
     assert 0 < masks.token < mask.sum().item()  # some tokens dropped, not all
     weights = importance_weights(old, behaviour, mask, config.correction, None, None)
     logprobs, _, _ = trainer._get_per_token_logps_and_entropies(model, input_ids, attention, T)
-    ours, _ = policy_loss(logprobs, old, inputs["advantages"], mask, config,
-                          is_weights=weights * masks.keep,
-                          num_items=inputs["num_items_in_batch"])  # fmt: skip
+    ours, _ = policy_loss(
+        logprobs,
+        old,
+        inputs["advantages"],
+        mask,
+        config,
+        is_weights=weights * masks.keep,
+        num_items=inputs["num_items_in_batch"],
+    )
     assert abs(ours.item() - theirs.item()) < 1e-5, (kind, ours.item(), theirs.item())
 
 
@@ -238,6 +267,10 @@ def test_a_train_step_reports_what_each_mask_dropped(tiny_model, settings, fract
 
     _trainer, stats, _grads = _step(tiny_model, loss=LossConfig("grpo", **settings))
     assert stats.tokens > 0
-    reported = (stats.masked_fraction, stats.geo_masked_fraction,
-                stats.token_masked_fraction, stats.outlier_masked_fraction)  # fmt: skip
+    reported = (
+        stats.masked_fraction,
+        stats.geo_masked_fraction,
+        stats.token_masked_fraction,
+        stats.outlier_masked_fraction,
+    )
     assert reported == pytest.approx(fractions)

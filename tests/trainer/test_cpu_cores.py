@@ -21,8 +21,10 @@ pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 
 def _groups(trainer: Trainer, n: int = 4) -> list[Group]:
     rng = np.random.default_rng(0)
     vocab = trainer.model.get_input_embeddings().num_embeddings
-    return [Group(Task(f"t{g}", "bench", g), 4, [_trajectory(rng, g, i, vocab) for i in range(4)])
-            for g in range(n)]  # fmt: skip
+    return [
+        Group(Task(f"t{g}", "bench", g), 4, [_trajectory(rng, g, i, vocab) for i in range(4)])
+        for g in range(n)
+    ]
 
 
 def test_micro_steps_take_every_core_only_while_generation_is_idle(tiny_model: Path) -> None:
@@ -30,8 +32,9 @@ def test_micro_steps_take_every_core_only_while_generation_is_idle(tiny_model: P
 
     cores = set(os.sched_getaffinity(0))
     # small micro-batches: several micro-steps per step, so the lender is asked often
-    trainer = Trainer(str(tiny_model), TrainerConfig(micro_batch_tokens=1024),
-                      temperature=1.0, seed=0)  # fmt: skip
+    trainer = Trainer(
+        str(tiny_model), TrainerConfig(micro_batch_tokens=1024), temperature=1.0, seed=0
+    )
     groups = _groups(trainer)
     answers = iter([True, True, False, True, False, False, True, True, True, True])
     seen: list[tuple[bool, int, set[int]]] = []
@@ -74,8 +77,9 @@ def test_the_loop_lends_the_schedulers_idle_signal_only_when_asked(
         def generation_idle(self) -> bool:
             return self.in_flight == 0
 
-    trainer = Trainer(str(tiny_model), TrainerConfig(borrow_idle_cores=borrow),
-                      temperature=1.0, seed=0)  # fmt: skip
+    trainer = Trainer(
+        str(tiny_model), TrainerConfig(borrow_idle_cores=borrow), temperature=1.0, seed=0
+    )
     scheduler = Idle()
     TrainLoop(trainer, None, scheduler, None, TrainConfig())  # type: ignore[arg-type]
     if not borrow:

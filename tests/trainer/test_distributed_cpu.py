@@ -65,9 +65,14 @@ def leave_group() -> None:
 
 def _rank(rank: int, world: int, model: str, out: str, port: int, mode: str) -> None:
     faulthandler.enable(all_threads=True)  # Python stacks if a rank dies of a signal
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                      LOCAL_WORLD_SIZE=str(world))  # fmt: skip
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world),
+    )
     from safetensors.torch import save_file
     from torch.distributed.tensor import DTensor
 
@@ -84,8 +89,11 @@ def _rank(rank: int, world: int, model: str, out: str, port: int, mode: str) -> 
     else:
         assert follow(trainer) == 1
     # Sharded gradients are gathered for the comparison (a collective: every rank).
-    grads = {f"grad.{k}": p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
-             for k, p in trainer.unwrapped.named_parameters() if p.grad is not None}  # fmt: skip
+    grads = {
+        f"grad.{k}": p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
+        for k, p in trainer.unwrapped.named_parameters()
+        if p.grad is not None
+    }
     if rank == 0:
         state = trainer.full_state_dict()  # what the publisher and checkpoints save
         assert state and not any(isinstance(v, DTensor) for v in state.values())
@@ -100,8 +108,9 @@ def _rank(rank: int, world: int, model: str, out: str, port: int, mode: str) -> 
 def test_two_gloo_processes_equal_one_process(tiny_model: Path, tmp_path: Path, mode: str) -> None:
     from safetensors.torch import load_file
 
-    mp.spawn(_rank, args=(2, str(tiny_model), str(tmp_path), free_port(), mode), nprocs=2,
-             join=True)  # fmt: skip
+    mp.spawn(
+        _rank, args=(2, str(tiny_model), str(tmp_path), free_port(), mode), nprocs=2, join=True
+    )
     two = load_file(tmp_path / "rank0.safetensors")
     single = Trainer(str(tiny_model), CONFIG, temperature=1.0, seed=0)
     initial = {k: v.clone() for k, v in single.model.state_dict().items()}
@@ -110,8 +119,10 @@ def test_two_gloo_processes_equal_one_process(tiny_model: Path, tmp_path: Path, 
     assert set(one) == {k for k in two if not k.startswith("grad.")}, "rank 0 has every weight"
     grads = {k: p.grad for k, p in single.model.named_parameters() if p.grad is not None}
     assert set(grads) == {k[5:] for k in two if k.startswith("grad.")}
-    gworst = max(((grads[k] - two[f"grad.{k}"]).abs().max() / (grads[k].abs().max() + 1e-12)).item()
-                 for k in grads)  # fmt: skip
+    gworst = max(
+        ((grads[k] - two[f"grad.{k}"]).abs().max() / (grads[k].abs().max() + 1e-12)).item()
+        for k in grads
+    )
     print(f"\n{mode}: max relative gradient difference: {gworst:.2e}")
     changed = [k for k in one if not torch.equal(one[k], initial[k])]
     assert len(changed) > 10, "the step changed the weights"

@@ -34,8 +34,12 @@ from tests.trainer.test_distributed_cpu import _accelerator, leave_group
 pytestmark = pytest.mark.soak
 
 FULL = TrainerConfig(lr=1e-2, micro_batch_tokens=24, loss=LossConfig("grpo"))
-LORA = TrainerConfig(lr=1e-2, micro_batch_tokens=24, loss=LossConfig("grpo"),
-                     lora=LoraConfig(enabled=True, r=4, alpha=8))  # fmt: skip
+LORA = TrainerConfig(
+    lr=1e-2,
+    micro_batch_tokens=24,
+    loss=LossConfig("grpo"),
+    lora=LoraConfig(enabled=True, r=4, alpha=8),
+)
 STEPS, SAVED_AT = 3, 1
 
 
@@ -44,21 +48,28 @@ def _groups(step: int) -> list:
     return synthetic_groups(10 + step, groups=3, size=3)
 
 
-def _rank(rank: int, world: int, model: str, out: str, port: int, lora: bool,
-          start: str, steps: int) -> None:  # fmt: skip
+def _rank(
+    rank: int, world: int, model: str, out: str, port: int, lora: bool, start: str, steps: int
+) -> None:
     """One rank of a run: load ``start`` (a checkpoint folder, or '' for a fresh run),
     train to step ``steps``, checkpointing at SAVED_AT under out/ckpt and at the end
     under out/end; rank 0 also publishes the adapter after the first step (LoRA)."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                      LOCAL_WORLD_SIZE=str(world))  # fmt: skip
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world),
+    )
     from agentrl.trainer.checkpoint import load_checkpoint
     from agentrl.trainer.distributed import follow
 
     faulthandler.enable(all_threads=True)  # stacks on a std::terminate (see the top)
     torch.set_num_threads(1)
-    trainer = Trainer(model, LORA if lora else FULL, temperature=1.0, seed=0,
-                      accelerator=_accelerator("fsdp2"))  # fmt: skip
+    trainer = Trainer(
+        model, LORA if lora else FULL, temperature=1.0, seed=0, accelerator=_accelerator("fsdp2")
+    )
     assert trainer.sharded
     if start:
         load_checkpoint(trainer, Path(start))  # a collective: both ranks
@@ -86,8 +97,12 @@ def _lead(trainer: Trainer, out: str, lora: bool, start: str, steps: int) -> Non
 
 def _run(model: Path, out: Path, lora: bool, start: Path | None, steps: int) -> Path:
     out.mkdir(parents=True, exist_ok=True)
-    mp.spawn(_rank, args=(2, str(model), str(out), free_port(), lora, str(start or ""), steps),
-             nprocs=2, join=True)  # fmt: skip
+    mp.spawn(
+        _rank,
+        args=(2, str(model), str(out), free_port(), lora, str(start or ""), steps),
+        nprocs=2,
+        join=True,
+    )
     return out
 
 
@@ -95,11 +110,16 @@ def _tensors(folder: Path) -> dict[str, torch.Tensor]:
     """The weights (or adapter) and optimizer tensors of a checkpoint folder."""
     from safetensors.torch import load_file
 
-    weights = "adapter_model.safetensors" if (folder / "adapter_config.json").exists() \
-        else "model.safetensors"  # fmt: skip
+    weights = (
+        "adapter_model.safetensors"
+        if (folder / "adapter_config.json").exists()
+        else "model.safetensors"
+    )
     optimizer = load_file(folder / "optimizer.safetensors")
-    return {**{f"w.{k}": v for k, v in load_file(folder / weights).items()},
-            **{f"o.{k}": v for k, v in optimizer.items()}}  # fmt: skip
+    return {
+        **{f"w.{k}": v for k, v in load_file(folder / weights).items()},
+        **{f"o.{k}": v for k, v in optimizer.items()},
+    }
 
 
 @pytest.mark.timeout(600)
@@ -125,8 +145,7 @@ def test_fsdp2_checkpoint_resumes_where_the_uninterrupted_run_ends(
     assert mid["o.state.0.step"].item() == SAVED_AT
     moved = [k for k in a if k.startswith("w.") and not torch.equal(a[k], mid[k])]
     assert moved, "steps 2-3 changed the weights after the checkpoint"
-    worst = max((a[k] - b[k]).abs().max().item() / (a[k].abs().max().item() + 1e-12)
-                for k in a)  # fmt: skip
+    worst = max((a[k] - b[k]).abs().max().item() / (a[k].abs().max().item() + 1e-12) for k in a)
     print(f"\n{'lora' if lora else 'full'}: max relative |whole - resumed|: {worst:.2e}")
     assert worst < 1e-5
     meta_a = json.loads((whole / end / "trainer.json").read_text())

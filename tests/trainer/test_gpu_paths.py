@@ -54,25 +54,32 @@ def _step(model: Path, **settings: object) -> tuple[Trainer, object, dict[str, t
 
 def _worst(grads: dict[str, torch.Tensor], base: dict[str, torch.Tensor]) -> float:
     assert grads.keys() == base.keys() and base
-    return max(((grads[k] - base[k]).abs().max() / (base[k].abs().max() + 1e-12)).item()
-               for k in base)  # fmt: skip
+    return max(
+        ((grads[k] - base[k]).abs().max() / (base[k].abs().max() + 1e-12)).item() for k in base
+    )
 
 
 FP32_PATHS = {
     "packed": {"packing": True},
     "chunked": {"chunked_logprob": True},
     "packed+chunked": {"packing": True, "chunked_logprob": True},
-    "packed+chunked+checkpointing": {"packing": True, "chunked_logprob": True,
-                                     "gradient_checkpointing": True},
+    "packed+chunked+checkpointing": {
+        "packing": True,
+        "chunked_logprob": True,
+        "gradient_checkpointing": True,
+    },
     "packed+offload": {"packing": True, "activation_offload": True},
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("loss", ["grpo", "dapo", "gspo+geo"])
 @pytest.mark.parametrize("path", list(FP32_PATHS))
 def test_fp32_paths_train_the_padded_step(tiny_model: Path, path: str, loss: str) -> None:
-    kind = LossConfig("grpo", ratio_level="sequence", geo_mask_low=0.5, geo_mask_high=2.0) \
-        if loss == "gspo+geo" else LossConfig(loss)  # fmt: skip
+    kind = (
+        LossConfig("grpo", ratio_level="sequence", geo_mask_low=0.5, geo_mask_high=2.0)
+        if loss == "gspo+geo"
+        else LossConfig(loss)
+    )
     _base, base_stats, base_grads = _step(tiny_model, loss=kind)
     trainer, stats, grads = _step(tiny_model, loss=kind, **FP32_PATHS[path])
     assert trainer.precision == "fp32"
@@ -94,8 +101,12 @@ def test_bf16_paths_train_nearly_the_padded_step(tiny_model: Path, path: str) ->
     assert trainer.precision == "bf16"
     assert all(p.dtype == torch.float32 for p in trainer.model.parameters()), "fp32 master weights"
     state = trainer.optimizer.state_dict()["state"]
-    assert all(v.dtype == torch.float32 for s in state.values() for v in s.values()
-               if torch.is_tensor(v) and v.numel() > 1)  # fmt: skip
+    assert all(
+        v.dtype == torch.float32
+        for s in state.values()
+        for v in s.values()
+        if torch.is_tensor(v) and v.numel() > 1
+    )
     for k, g in base_grads.items():
         cos = torch.nn.functional.cosine_similarity(grads[k].flatten(), g.flatten(), dim=0)
         assert cos > BF16_COSINE, (k, float(cos))
@@ -171,10 +182,10 @@ def test_varlen_attention_of_one_row_is_the_rows_attention() -> None:
     query = torch.randn(1, heads, n, dim)
     key, value = torch.randn(1, kv_heads, n, dim), torch.randn(1, kv_heads, n, dim)
     cu = torch.tensor([0, n], dtype=torch.int32)
-    varlen, _ = packing._varlen_attention(None, query, key, value, None, scaling=0.3,
-                                          cu_seq_lens_q=cu, max_length_q=n)  # fmt: skip
-    rows, _ = packing._rows_attention(None, query, key, value, None, scaling=0.3,
-                                      cu_seq_lens_q=cu)  # fmt: skip
+    varlen, _ = packing._varlen_attention(
+        None, query, key, value, None, scaling=0.3, cu_seq_lens_q=cu, max_length_q=n
+    )
+    rows, _ = packing._rows_attention(None, query, key, value, None, scaling=0.3, cu_seq_lens_q=cu)
     assert varlen.shape == (1, n, heads, dim)
     assert torch.equal(varlen, rows)
     causal = varlen[0, 0]  # the first token sees only itself: its value, per GQA group
@@ -210,8 +221,12 @@ def test_device_auto_is_the_cpu_here_and_cuda_without_cuda_is_refused(tiny_model
     with pytest.raises(ConfigError, match=r"trainer\.precision"):
         TrainerConfig(precision="fp16")
     with pytest.raises(ConfigError, match="varlen"):
-        Trainer(str(tiny_model), TrainerConfig(packing=True, packed_attention="varlen"),
-                temperature=1.0, seed=0)  # fmt: skip
+        Trainer(
+            str(tiny_model),
+            TrainerConfig(packing=True, packed_attention="varlen"),
+            temperature=1.0,
+            seed=0,
+        )
 
 
 def test_agentrl_train_is_told_which_gpu_settings_measured_slow(tiny_model: Path) -> None:
@@ -223,7 +238,9 @@ def test_agentrl_train_is_told_which_gpu_settings_measured_slow(tiny_model: Path
     assert "trainer.micro_batch_tokens = 4096" in budget and "gradient_checkpointing" in budget
     trainer.config = dataclasses.replace(trainer.config, compile=True)
     assert [(level, line.split(" ")[0]) for level, line in trainer.advice()] == [
-        ("note", "trainer.micro_batch_tokens"), ("warning", "trainer.compile")]  # fmt: skip
+        ("note", "trainer.micro_batch_tokens"),
+        ("warning", "trainer.compile"),
+    ]
     trainer.config = dataclasses.replace(trainer.config, micro_batch_tokens=32_768)
     assert trainer.advice() == [], "the measured recipe"
 
@@ -231,8 +248,9 @@ def test_agentrl_train_is_told_which_gpu_settings_measured_slow(tiny_model: Path
 def test_out_of_memory_names_the_settings_that_fit(
     tiny_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    trainer = Trainer(str(tiny_model), TrainerConfig(micro_batch_tokens=2048),
-                      temperature=1.0, seed=0)  # fmt: skip
+    trainer = Trainer(
+        str(tiny_model), TrainerConfig(micro_batch_tokens=2048), temperature=1.0, seed=0
+    )
 
     def oom(groups: object) -> None:
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
@@ -241,8 +259,12 @@ def test_out_of_memory_names_the_settings_that_fit(
     with pytest.raises(TrainerMemoryError) as info:
         trainer.train_step(synthetic_groups(0))
     text = str(info.value)
-    for setting in ("trainer.lora.enabled = true", "trainer.gradient_checkpointing = true",
-                    "trainer.micro_batch_tokens (now 2048", "in step 1"):  # fmt: skip
+    for setting in (
+        "trainer.lora.enabled = true",
+        "trainer.gradient_checkpointing = true",
+        "trainer.micro_batch_tokens (now 2048",
+        "in step 1",
+    ):
         assert setting in text, text
     assert isinstance(info.value, ConfigError)
 
@@ -252,12 +274,14 @@ def test_packing_does_not_change_the_step_across_budgets(tiny_model: Path) -> No
     groups = synthetic_groups(7, groups=3, size=4)
     out = []
     for budget in (16, 40, 10_000):
-        config = TrainerConfig(lr=1e-3, micro_batch_tokens=budget, packing=True,
-                               loss=LossConfig("dapo"))  # fmt: skip
+        config = TrainerConfig(
+            lr=1e-3, micro_batch_tokens=budget, packing=True, loss=LossConfig("dapo")
+        )
         trainer = Trainer(str(tiny_model), config, temperature=1.0, seed=0)
         trainer.train_step(groups)
-        out.append(np.concatenate([p.detach().flatten().numpy()
-                                   for p in trainer.model.parameters()]))  # fmt: skip
+        out.append(
+            np.concatenate([p.detach().flatten().numpy() for p in trainer.model.parameters()])
+        )
     # Adam's first step is about lr * sign(grad): summation-order noise shows as ~1e-3 of lr
     assert max(np.abs(o - out[-1]).max() for o in out[:-1]) < 1e-2 * 1e-3
 
@@ -266,8 +290,9 @@ def test_compiled_layers_train_the_padded_step(tiny_model: Path) -> None:
     """trainer.compile with packing and checkpointing (the fastest H200 recipe) trains the
     eager padded step; on CPU the packed attention runs per row, on a GPU varlen."""
     _base, base_stats, base_grads = _step(tiny_model)
-    trainer, stats, grads = _step(tiny_model, compile=True, packing=True,
-                                  gradient_checkpointing=True)  # fmt: skip
+    trainer, stats, grads = _step(
+        tiny_model, compile=True, packing=True, gradient_checkpointing=True
+    )
     layers = trainer.model.model.layers
     assert all(layer._compiled_call_impl is not None for layer in layers), "every layer compiled"
     assert "compiled layers" in trainer.placement()

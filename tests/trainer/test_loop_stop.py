@@ -67,8 +67,16 @@ def loop_for(tiny_model: Path, checkpoints: Path, on_step: Any = None) -> TrainL
     trainer = Trainer(str(tiny_model), TrainerConfig(), temperature=1.0, seed=0)
     queue = TrajectoryQueue(4)
     config = TrainConfig(steps=4, groups_per_step=1, mode="sync", checkpoint_every=5)
-    return TrainLoop(trainer, Publisher(trainer), ReadyGroups(queue), queue, config,  # type: ignore[arg-type]
-                     checkpoint_dir=checkpoints, on_step=on_step, group_size=3)  # fmt: skip
+    return TrainLoop(
+        trainer,
+        Publisher(trainer),
+        ReadyGroups(queue),
+        queue,
+        config,  # type: ignore[arg-type]
+        checkpoint_dir=checkpoints,
+        on_step=on_step,
+        group_size=3,
+    )
 
 
 def test_a_stop_after_a_step_checkpoints_it_and_resume_starts_after_it(

@@ -28,10 +28,16 @@ def trl_trainer(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> A
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
     args = GRPOConfig(
-        output_dir=str(tmp_path_factory.mktemp("trl")), use_cpu=True, bf16=False,
-        per_device_train_batch_size=B, num_generations=2, report_to=[],
-        gradient_checkpointing=False, max_completion_length=T, beta=0.0,
-    )  # fmt: skip
+        output_dir=str(tmp_path_factory.mktemp("trl")),
+        use_cpu=True,
+        bf16=False,
+        per_device_train_batch_size=B,
+        num_generations=2,
+        report_to=[],
+        gradient_checkpointing=False,
+        max_completion_length=T,
+        beta=0.0,
+    )
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=lambda completions, **kw: [0.0] * len(completions),
@@ -60,25 +66,42 @@ def fixed_inputs(seed: int) -> dict[str, torch.Tensor]:
 
 CASES = {
     "grpo": ({"loss_type": "grpo"}, LossConfig("grpo", 0.2, 0.2, correction="none")),
-    "dapo": ({"loss_type": "dapo", "epsilon_high": 0.28},
-             LossConfig("dapo", 0.2, 0.28, correction="none")),
-    "dr_grpo": ({"loss_type": "dr_grpo"},
-                LossConfig("dr_grpo", 0.2, 0.2, max_completion_length=T, correction="none")),
-    "cispo": ({"loss_type": "cispo", "epsilon_high": 5.0},
-              LossConfig("cispo", 0.2, 5.0, correction="none")),
+    "dapo": (
+        {"loss_type": "dapo", "epsilon_high": 0.28},
+        LossConfig("dapo", 0.2, 0.28, correction="none"),
+    ),
+    "dr_grpo": (
+        {"loss_type": "dr_grpo"},
+        LossConfig("dr_grpo", 0.2, 0.2, max_completion_length=T, correction="none"),
+    ),
+    "cispo": (
+        {"loss_type": "cispo", "epsilon_high": 5.0},
+        LossConfig("cispo", 0.2, 5.0, correction="none"),
+    ),
     "bnpo": ({"loss_type": "bnpo"}, LossConfig("bnpo", 0.2, 0.2, correction="none")),
-    "gspo": ({"loss_type": "grpo", "importance_sampling_level": "sequence"},
-             LossConfig("grpo", 0.2, 0.2, ratio_level="sequence", correction="none")),
-    "dapo+delta": ({"loss_type": "dapo", "epsilon_high": 0.28, "delta": 1.5},
-                   LossConfig("dapo", 0.2, 0.28, delta=1.5, correction="none")),
-    "grpo+kl": ({"loss_type": "grpo", "beta": 0.05},
-                LossConfig("grpo", 0.2, 0.2, beta=0.05, correction="none")),
-    "dapo+tis": ({"loss_type": "dapo", "epsilon_high": 0.28, "is": "token_truncate"},
-                 LossConfig("dapo", 0.2, 0.28, correction="token_truncate", correction_max=2.0)),
-    "grpo+mis-seq": ({"loss_type": "grpo", "is": "sequence_mask"},
-                     LossConfig("grpo", 0.2, 0.2, correction="sequence_mask",
-                                correction_min=0.5, correction_max=2.0)),
-}  # fmt: skip
+    "gspo": (
+        {"loss_type": "grpo", "importance_sampling_level": "sequence"},
+        LossConfig("grpo", 0.2, 0.2, ratio_level="sequence", correction="none"),
+    ),
+    "dapo+delta": (
+        {"loss_type": "dapo", "epsilon_high": 0.28, "delta": 1.5},
+        LossConfig("dapo", 0.2, 0.28, delta=1.5, correction="none"),
+    ),
+    "grpo+kl": (
+        {"loss_type": "grpo", "beta": 0.05},
+        LossConfig("grpo", 0.2, 0.2, beta=0.05, correction="none"),
+    ),
+    "dapo+tis": (
+        {"loss_type": "dapo", "epsilon_high": 0.28, "is": "token_truncate"},
+        LossConfig("dapo", 0.2, 0.28, correction="token_truncate", correction_max=2.0),
+    ),
+    "grpo+mis-seq": (
+        {"loss_type": "grpo", "is": "sequence_mask"},
+        LossConfig(
+            "grpo", 0.2, 0.2, correction="sequence_mask", correction_min=0.5, correction_max=2.0
+        ),
+    ),
+}
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -110,14 +133,22 @@ def test_loss_matches_trl(trl_trainer: Any, case: str) -> None:
     trainer.use_vllm = "is" in settings
     trainer.vllm_importance_sampling_correction = "is" in settings
     if "is" in settings:
-        weights = importance_weights(old, behaviour, mask, config.correction,
-                                     config.correction_min, config.correction_max)  # fmt: skip
+        weights = importance_weights(
+            old, behaviour, mask, config.correction, config.correction_min, config.correction_max
+        )
         inputs["importance_sampling_ratio"] = weights
     theirs = trainer._compute_loss(model, inputs)
     logprobs, _, _ = trainer._get_per_token_logps_and_entropies(model, input_ids, attention, T)
-    ours, stats = policy_loss(logprobs, old, inputs["advantages"], mask, config,
-                              is_weights=weights, ref_logprobs=ref if trainer.beta else None,
-                              num_items=inputs["num_items_in_batch"])  # fmt: skip
+    ours, stats = policy_loss(
+        logprobs,
+        old,
+        inputs["advantages"],
+        mask,
+        config,
+        is_weights=weights,
+        ref_logprobs=ref if trainer.beta else None,
+        num_items=inputs["num_items_in_batch"],
+    )
     assert abs(ours.item() - theirs.item()) < 1e-5, (case, ours.item(), theirs.item())
     assert ours.item() != 0.0
     # the gradients agree too
@@ -138,8 +169,9 @@ def test_importance_weights_truncate_and_mask() -> None:
     assert torch.allclose(mis, torch.tensor([[0.0, 1.0, 0.0]]))
     seq = importance_weights(old, behaviour, mask, "sequence_truncate", 0.0, 10.0)
     assert seq.shape == (1, 1) and torch.allclose(seq, torch.exp(torch.tensor([[-1.0]])))
-    assert torch.equal(importance_weights(old, behaviour, mask, "none", None, None),
-                       torch.ones(1, 3))  # fmt: skip
+    assert torch.equal(
+        importance_weights(old, behaviour, mask, "none", None, None), torch.ones(1, 3)
+    )
 
 
 def test_group_advantages_like_trl() -> None:
@@ -148,11 +180,21 @@ def test_group_advantages_like_trl() -> None:
     adv = group_advantages(rewards, groups, "group")
     # centred per group, divided by the group's unbiased std (+1e-4), as TRL does
     std = 2**0.5 / 2
-    expected = torch.tensor([0.5 / (std + 1e-4), -0.5 / (std + 1e-4), 0.0, 0.0,
-                             1.0 / (2 * std + 1e-4), -1.0 / (2 * std + 1e-4)])  # fmt: skip
+    expected = torch.tensor(
+        [
+            0.5 / (std + 1e-4),
+            -0.5 / (std + 1e-4),
+            0.0,
+            0.0,
+            1.0 / (2 * std + 1e-4),
+            -1.0 / (2 * std + 1e-4),
+        ]
+    )
     assert torch.allclose(adv, expected, atol=1e-6)
-    assert torch.allclose(group_advantages(rewards, groups, "none"),
-                          torch.tensor([0.5, -0.5, 0.0, 0.0, 1.0, -1.0]))  # fmt: skip
+    assert torch.allclose(
+        group_advantages(rewards, groups, "none"), torch.tensor([0.5, -0.5, 0.0, 0.0, 1.0, -1.0])
+    )
     batch = group_advantages(rewards, groups, "batch")
-    assert torch.allclose(batch, torch.tensor([0.5, -0.5, 0.0, 0.0, 1.0, -1.0])
-                          / (rewards.std() + 1e-4))  # fmt: skip
+    assert torch.allclose(
+        batch, torch.tensor([0.5, -0.5, 0.0, 0.0, 1.0, -1.0]) / (rewards.std() + 1e-4)
+    )

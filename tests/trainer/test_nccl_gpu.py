@@ -32,8 +32,9 @@ async def test_nccl_publish_changes_what_vllm_samples(tiny_model: Path, tmp_path
     from agentrl.trainer.publish import WeightPublisher
     from agentrl.trainer.trainer import Trainer
 
-    config = InferenceConfig(dtype="float32", enforce_eager=False,
-                             kv_cache_mib=1024, weight_transfer="nccl")  # fmt: skip
+    config = InferenceConfig(
+        dtype="float32", enforce_eager=False, kv_cache_mib=1024, weight_transfer="nccl"
+    )
     async with await VLLMEngineClient.start(str(tiny_model), config) as engine:
         trainer = Trainer(str(tiny_model), TrainerConfig(lr=1e-3), temperature=1.0, seed=0)
         trainer.model.to("cuda")
@@ -54,7 +55,8 @@ async def test_nccl_publish_changes_what_vllm_samples(tiny_model: Path, tmp_path
         with torch.no_grad():
             logits = trainer.model(ids).logits[0, len(prompt) - 1 : -1]
         ours = torch.log_softmax(logits.float(), -1).gather(
-            1, torch.tensor(after.token_ids, device="cuda")[:, None])[:, 0]  # fmt: skip
+            1, torch.tensor(after.token_ids, device="cuda")[:, None]
+        )[:, 0]
         gap = (ours.cpu() - torch.tensor(after.logprobs)).abs().mean().item()
         print(
             f"\nNCCL sync of {stats.bytes} bytes in {stats.save_s * 1000:.1f} ms; "

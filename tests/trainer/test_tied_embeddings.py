@@ -26,9 +26,15 @@ def tied_model(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                         tie_word_embeddings=True)  # fmt: skip
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        tie_word_embeddings=True,
+    )
     folder = tmp_path_factory.mktemp("tied")
     torch.manual_seed(0)
     Qwen2ForCausalLM(config).save_pretrained(folder)

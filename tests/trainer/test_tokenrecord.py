@@ -28,14 +28,17 @@ def test_one_step_records_every_trained_token(tiny_model: Path, tmp_path: Path) 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     task = Task("t0", "agentrl/Calculator-v0", 0)
     good = _episode(tokenizer, "t0/0", task, ["I will add.", "It is 2."], [0, 0])
-    bad = dataclasses.replace(_episode(tokenizer, "t0/1", task, ["No idea.", "7"], [0, 0]),
-                              reward=0.0)  # fmt: skip
-    failed = dataclasses.replace(_episode(tokenizer, "t0/2", task, ["x"], [0]), status="failed",
-                                 reward=0.0)  # fmt: skip
+    bad = dataclasses.replace(
+        _episode(tokenizer, "t0/1", task, ["No idea.", "7"], [0, 0]), reward=0.0
+    )
+    failed = dataclasses.replace(
+        _episode(tokenizer, "t0/2", task, ["x"], [0]), status="failed", reward=0.0
+    )
     groups = [Group(task, 3, [good, bad, failed])]
     recorder = TokenRecorder(tmp_path)
-    trainer = Trainer(str(tiny_model), TrainerConfig(lr=1e-3), temperature=1.0, seed=0,
-                      recorder=recorder)  # fmt: skip
+    trainer = Trainer(
+        str(tiny_model), TrainerConfig(lr=1e-3), temperature=1.0, seed=0, recorder=recorder
+    )
     scored = {
         key: lp[r].numpy() for lp, mb in trainer.score(groups) for r, key in enumerate(mb.keys)
     }

@@ -50,8 +50,13 @@ def test_sigkill_during_training_then_resume_trains_each_task_once(
     kills = []
     for attempt in range(3):
         log = (tmp_path / f"attempt-{attempt}.log").open("wb")
-        proc = subprocess.Popen(first if attempt == 0 else resume, env=env, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            first if attempt == 0 else resume,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             deadline = time.monotonic() + 300
             before = consumed_steps(out / "episodes.db")
@@ -77,9 +82,13 @@ def test_sigkill_during_training_then_resume_trains_each_task_once(
     done = subprocess.run(resume, env=env, capture_output=True, text=True, timeout=900)
     with EpisodeStore.open(out, create=False) as store:
         audit = store.audit()
-    record_fault("SIGKILL of a training script at random moments", injected=len(kills),
-                 survived=len(kills) * int(done.returncode == 0 and audit["ok"]),
-                 lost=len(audit["lost"]), trained_twice=len(audit["trained_twice"]))  # fmt: skip
+    record_fault(
+        "SIGKILL of a training script at random moments",
+        injected=len(kills),
+        survived=len(kills) * int(done.returncode == 0 and audit["ok"]),
+        lost=len(audit["lost"]),
+        trained_twice=len(audit["trained_twice"]),
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert audit["ok"], (audit["lost"][:5], audit["trained_twice"][:5])
     assert "resumed at step" in done.stdout

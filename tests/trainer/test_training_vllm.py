@@ -34,22 +34,34 @@ async def train(
 ) -> tuple[list[StepRecord], TrainLoop]:
     with EpisodeStore.open(run_dir) as store:
         async with StoreWriter(store) as writer:
-            rollout = RolloutConfig(max_turns=1, max_tokens_per_turn=16,
-                                    temperature=trainer.temperature)  # fmt: skip
+            rollout = RolloutConfig(
+                max_turns=1, max_tokens_per_turn=16, temperature=trainer.temperature
+            )
             runner = EpisodeRunner(client, tokenizer, rollout, checkpoint=writer.partial)
             controller = RolloutController(runner, writer=writer)
             queue = TrajectoryQueue(2 * GROUPS_PER_STEP)
             scheduler = Scheduler(
-                runner, queue,
-                RolloutConfig(concurrency=GROUP * GROUPS_PER_STEP, group_size=GROUP,
-                              max_staleness=1),
-                batch_size=GROUP * GROUPS_PER_STEP, version=lambda: trainer.version, writer=writer,
-            )  # fmt: skip
+                runner,
+                queue,
+                RolloutConfig(
+                    concurrency=GROUP * GROUPS_PER_STEP, group_size=GROUP, max_staleness=1
+                ),
+                batch_size=GROUP * GROUPS_PER_STEP,
+                version=lambda: trainer.version,
+                writer=writer,
+            )
             publisher = WeightPublisher(trainer, controller)
-            loop = TrainLoop(trainer, publisher, scheduler, queue,
-                             TrainConfig(steps=steps, groups_per_step=GROUPS_PER_STEP, mode=mode,
-                                         checkpoint_every=1),
-                             store=store, checkpoint_dir=run_dir / "checkpoints")  # fmt: skip
+            loop = TrainLoop(
+                trainer,
+                publisher,
+                scheduler,
+                queue,
+                TrainConfig(
+                    steps=steps, groups_per_step=GROUPS_PER_STEP, mode=mode, checkpoint_every=1
+                ),
+                store=store,
+                checkpoint_dir=run_dir / "checkpoints",
+            )
             try:
                 records = await loop.run(tasks_for("agentrl/Digits-v0", None))
             finally:
@@ -77,8 +89,10 @@ async def test_async_training_learns_and_is_on_policy(
     first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
     print(f"\nreward per step: {[round(r, 3) for r in rewards]}")
     gaps = [r.stats.logprob_gap_fresh for r in records if r.stats.fresh_tokens]
-    print(f"trainer-vs-vLLM logprob gap on fresh tokens (mean |diff|) per step: "
-          f"{[f'{g:.2e}' for g in gaps]}")  # fmt: skip
+    print(
+        f"trainer-vs-vLLM logprob gap on fresh tokens (mean |diff|) per step: "
+        f"{[f'{g:.2e}' for g in gaps]}"
+    )
     print(f"staleness max per step: {[r.stats.staleness_max for r in records]}")
     print(f"publish: {[round(r.publish.update.pause_to_resume_s, 3) for r in records]} s")
     assert last > first + 0.15, (first, last)
@@ -89,20 +103,28 @@ async def test_async_training_learns_and_is_on_policy(
     assert all(r.publish.kind == "full" and r.publish.bytes > 1_000_000 for r in records)
 
 
-async def test_lora_training_moves_only_the_adapter(tiny_model: Path, tmp_path: Path,
-                                                    tokenizer: Any) -> None:  # fmt: skip
+async def test_lora_training_moves_only_the_adapter(
+    tiny_model: Path, tmp_path: Path, tokenizer: Any
+) -> None:
     async with await VLLMEngineClient.start(str(tiny_model), max_lora_rank=8) as engine:
-        trainer = Trainer(str(tiny_model), TrainerConfig(
-            lr=1e-2, loss=LossConfig("dapo"), lora=LoraConfig(enabled=True, r=8, alpha=16)),
-            temperature=1.0, seed=0)  # fmt: skip
+        trainer = Trainer(
+            str(tiny_model),
+            TrainerConfig(
+                lr=1e-2, loss=LossConfig("dapo"), lora=LoraConfig(enabled=True, r=8, alpha=16)
+            ),
+            temperature=1.0,
+            seed=0,
+        )
         records, _ = await train(engine, tokenizer, trainer, tmp_path, steps=3, mode="sync")
     full = sum(p.numel() * 4 for p in trainer.model.get_base_model().parameters())
     for r in records:
         assert r.publish.kind == "lora"
         assert r.publish.bytes < full / 5, "only the adapter's bytes move"
     gaps = [r.stats.logprob_gap_fresh for r in records if r.stats.fresh_tokens]
-    print(f"\nLoRA publish bytes {records[0].publish.bytes} vs full model {full}; "
-          f"fresh-token gap {[f'{g:.2e}' for g in gaps]}")  # fmt: skip
+    print(
+        f"\nLoRA publish bytes {records[0].publish.bytes} vs full model {full}; "
+        f"fresh-token gap {[f'{g:.2e}' for g in gaps]}"
+    )
     assert gaps and max(gaps) < 1e-3, "vLLM serves the adapter the trainer trained"
 
 
@@ -121,11 +143,14 @@ async def test_full_weights_publish_over_http_to_vllm_serve(
                 temperature=1.0,
                 seed=0,
             )
-            records, _ = await train(http, tokenizer, trainer, tmp_path / "run", steps=3,
-                                     mode="sync")  # fmt: skip
+            records, _ = await train(
+                http, tokenizer, trainer, tmp_path / "run", steps=3, mode="sync"
+            )
             assert http.version == trainer.version == 3
     gaps = [r.stats.logprob_gap_fresh for r in records if r.stats.fresh_tokens]
-    print(f"\nHTTP: fresh-token gap {[f'{g:.2e}' for g in gaps]}; publish "
-          f"{[round(r.publish.update.pause_to_resume_s, 3) for r in records]} s")  # fmt: skip
+    print(
+        f"\nHTTP: fresh-token gap {[f'{g:.2e}' for g in gaps]}; publish "
+        f"{[round(r.publish.update.pause_to_resume_s, 3) for r in records]} s"
+    )
     # sync mode: every step trains tokens of the version it publishes from
     assert len(gaps) == 3 and max(gaps) < 1e-3, "the server serves what the trainer trained"

@@ -23,8 +23,14 @@ import pytest
 from tests.view.runs import Built, build_runs
 
 CHROMIUM = os.environ.get("AGENTRL_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--no-first-run", "--disable-sync"]  # fmt: skip
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+    "--disable-sync",
+]
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -41,8 +47,10 @@ def browser() -> Iterator[Any]:
     from playwright.sync_api import sync_playwright
 
     if not Path(CHROMIUM).exists():
-        pytest.fail(f"no chromium at {CHROMIUM}: `make install` installs it (apt-get install "
-                    "chromium), or set AGENTRL_CHROMIUM to a Chromium binary")  # fmt: skip
+        pytest.fail(
+            f"no chromium at {CHROMIUM}: `make install` installs it (apt-get install "
+            "chromium), or set AGENTRL_CHROMIUM to a Chromium binary"
+        )
     with sync_playwright() as p:
         chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
@@ -60,8 +68,11 @@ class Viewer:
         self._out = log.open("wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "agentrl.cli", "view", *args, "--no-browser"],
-            stdout=self._out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-        )  # fmt: skip
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
         self.url = self._wait_for_url()
 
     def _wait_for_url(self, timeout_s: float = 60) -> str:

@@ -93,8 +93,14 @@ def _env_log(messages: list[dict[str, Any]], task: Task) -> list[dict[str, Any]]
     log: list[dict[str, Any]] = [{"obs": messages[:2], "state": {"target": target, "guesses": 0}}]
     answers = [m["content"] for m in messages if m["role"] == "assistant"]
     for k, answer in enumerate(answers):
-        log.append({"action": answer, "obs": [], "reward": 0.5,
-                    "state": {"target": target, "guesses": k + 1}})  # fmt: skip
+        log.append(
+            {
+                "action": answer,
+                "obs": [],
+                "reward": 0.5,
+                "state": {"target": target, "guesses": k + 1},
+            }
+        )
     return log
 
 
@@ -266,8 +272,16 @@ def _trainer_record(run: Path, built: Built) -> None:
     keep = mask.copy()
     keep[0, np.flatnonzero(mask[0])[-1]] = 0.0
     columns = np.ones((1, n - 1), dtype=np.float32)
-    batch = type("MicroBatch", (), {"keys": (("t1/0", 0, 0),), "advantages": 0.7 * columns,
-                                    "mask": mask, "attention_mask": np.ones((1, n))})  # fmt: skip
+    batch = type(
+        "MicroBatch",
+        (),
+        {
+            "keys": (("t1/0", 0, 0),),
+            "advantages": 0.7 * columns,
+            "mask": mask,
+            "attention_mask": np.ones((1, n)),
+        },
+    )
     recorder = TokenRecorder(run)
     recorder.add(1, batch, -0.5 * columns, columns, keep)
     recorder.close()

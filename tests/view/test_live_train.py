@@ -54,8 +54,9 @@ def test_an_in_flight_episode_appears_and_ends_without_a_reload(
     config = tmp_path / "live.toml"
     config.write_text(CONFIG)
     env = {**os.environ, "AGENTRL_CACHE": str(model_cache)}
-    train = Proc([AGENTRL, "train", str(config), f'--run.out="{run_dir}"'], tmp_path / "train.log",
-                 env=env)  # fmt: skip
+    train = Proc(
+        [AGENTRL, "train", str(config), f'--run.out="{run_dir}"'], tmp_path / "train.log", env=env
+    )
     deadline = time.monotonic() + 400
     while (read_status(run_dir) or {}).get("state") != "training":
         assert train.poll() is None, (tmp_path / "train.log").read_text()[-3000:]

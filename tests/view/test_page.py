@@ -142,8 +142,11 @@ def test_token_colours_match_the_stored_versions_in_every_overlay(
     assert masked == [i == last_sampled for i in range(len(stored))]
     page.click("#env-log summary")
     states = page.eval_on_selector_all(".state-diff", "e => e.map(d => d.textContent)")
-    assert states == ['state: {"target":3,"guesses":0}', "state: guesses: 0 → 1",
-                      "state: guesses: 1 → 2"]  # fmt: skip
+    assert states == [
+        'state: {"target":3,"guesses":0}',
+        "state: guesses: 0 → 1",
+        "state: guesses: 1 → 2",
+    ]
 
 
 def test_a_resumed_episode_shows_its_two_attempts(page: Any, viewer: Viewer) -> None:
@@ -189,13 +192,34 @@ def test_in_flight_episodes_update_without_a_reload(
     finished = status.read_text()
 
     def running(episodes: list[str]) -> None:
-        live = [{"episode": e, "env": "agentrl/Calculator-v0", "turn": 1, "phase": "engine",
-                 "started_version": 1, "tokens_by_version": {"1": 5, "2": 7}, "tool_calls": 0,
-                 "age_s": 3.0} for e in episodes]  # fmt: skip
+        live = [
+            {
+                "episode": e,
+                "env": "agentrl/Calculator-v0",
+                "turn": 1,
+                "phase": "engine",
+                "started_version": 1,
+                "tokens_by_version": {"1": 5, "2": 7},
+                "tool_calls": 0,
+                "age_s": 3.0,
+            }
+            for e in episodes
+        ]
         tmp = status.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"state": "training", "pid": os.getpid(), "step": 3, "steps": 5,
-                                   "version": 3, "updated_at": time.time(), "episodes": live,
-                                   "in_flight": len(live)}))  # fmt: skip
+        tmp.write_text(
+            json.dumps(
+                {
+                    "state": "training",
+                    "pid": os.getpid(),
+                    "step": 3,
+                    "steps": 5,
+                    "version": 3,
+                    "updated_at": time.time(),
+                    "episodes": live,
+                    "in_flight": len(live),
+                }
+            )
+        )
         os.replace(tmp, status)
 
     try:

@@ -103,9 +103,14 @@ def test_serving_every_endpoint_leaves_the_run_directory_as_it_was(
 ) -> None:
     before = _content(built.run)
     root = base(viewer.url)
-    for path in ("/api/runs", "/api/run?run=demo", "/api/live?run=demo",
-                 "/api/episodes?run=demo&state=finished", "/api/episode?run=demo&id=t5/0",
-                 f"/api/episode?run=demo&id={built.paused}"):  # fmt: skip
+    for path in (
+        "/api/runs",
+        "/api/run?run=demo",
+        "/api/live?run=demo",
+        "/api/episodes?run=demo&state=finished",
+        "/api/episode?run=demo&id=t5/0",
+        f"/api/episode?run=demo&id={built.paused}",
+    ):
         assert get(root + path)[0] == 200, path
     assert _content(built.run) == before
 
