@@ -23,7 +23,7 @@ import asyncio
 import collections
 from collections.abc import Sequence
 
-from agentrl.background import BackgroundTasks
+from agentrl.runtime.background import BackgroundTasks
 from agentrl.types import Group
 
 

@@ -41,7 +41,6 @@ from agentrl.config import RunConfig
 from agentrl.env import import_env_modules, load_env_plugins
 from agentrl.errors import ConfigError
 from agentrl.evaluation import DURING, PeriodicEval, eval_line, evaluate
-from agentrl.metrics import LoopLagMonitor, Metrics, tune_gc
 from agentrl.monitor import MetricsLog, live_display, plain_line
 from agentrl.run_setup import (
     CONFIG_FILE,
@@ -50,8 +49,9 @@ from agentrl.run_setup import (
     init_run_dir,
     prepare,
 )
+from agentrl.runtime.metrics import LoopLagMonitor, Metrics, tune_gc
+from agentrl.runtime.tracing import Tracer
 from agentrl.status import Reporter, RunStatus
-from agentrl.trace import Tracer
 
 if TYPE_CHECKING:
     from agentrl.inference import InferenceClient, ServerPool

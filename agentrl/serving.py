@@ -2,7 +2,7 @@
 
 Both pools put N servers behind one client and treat them the same way: each server
 (:class:`Member`) is up or down; a background loop checks every server each
-``health_interval_s`` (on :class:`~agentrl.background.BackgroundTasks`, so a crash of
+``health_interval_s`` (on :class:`~agentrl.runtime.background.BackgroundTasks`, so a crash of
 it is raised at the pool's next call and at its close, never lost); a server that is
 down is tried again with a doubling delay (0.5 s up to 8 s); new work goes to the
 least loaded server that is ready; while none is, callers wait for one, up to
@@ -14,7 +14,7 @@ up, an env server with sessions and a capacity), how it is checked and brought b
 and which work sticks to which server stay in the pools
 (:mod:`agentrl.inference.pool`, :mod:`agentrl.remote.pool`).
 
-This module imports only the standard library and :mod:`agentrl.background`.
+This module imports only the standard library and :mod:`agentrl.runtime.background`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Generic, TypeVar
 
-from agentrl.background import BackgroundTasks
+from agentrl.runtime.background import BackgroundTasks
 
 FIRST_BACKOFF_S, MAX_BACKOFF_S = 0.5, 8.0
 """The delay between tries of a server that is down: doubling from the first to the most."""

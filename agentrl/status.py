@@ -34,9 +34,9 @@ logger = logging.getLogger(__name__)
 if TYPE_CHECKING:
     from agentrl.config import EnvConfig, RunConfig
     from agentrl.inference import ServerPool
-    from agentrl.metrics import Metrics
     from agentrl.queue import TrajectoryQueue
     from agentrl.rollout.base import Runner
+    from agentrl.runtime.metrics import Metrics
     from agentrl.trainer.loop import StepRecord, TrainLoop
     from agentrl.trainer.trainer import Trainer
 

@@ -22,7 +22,7 @@ concurrent env builds, their first renderings) falls in the first wave, whose tu
 reported apart. Reported per case, for the measured wave: turns/s, sampled tokens/s, CPU
 per turn (every thread of this process, plus the workers' CPU read from ``/proc``, over
 the turns), this process's part of it, and the event-loop lag p99 of this process and of
-the workers (:class:`~agentrl.metrics.LoopLagMonitor`), the median of ``--rounds``
+the workers (:class:`~agentrl.runtime.metrics.LoopLagMonitor`), the median of ``--rounds``
 rounds. Then one more run with the store (one wave), under cProfile (every thread,
 CPU time), splits the CPU per turn into stages by which function the time was spent
 under (:data:`STAGES`; what is left is runner bookkeeping: the runner, scheduler,
@@ -251,9 +251,9 @@ async def one_run(
     reported apart.
     """
 
-    from agentrl.metrics import LoopLagMonitor, Metrics
     from agentrl.queue import TrajectoryQueue
     from agentrl.rollout import RolloutConfig, Scheduler, tasks_for
+    from agentrl.runtime.metrics import LoopLagMonitor, Metrics
     from agentrl.store import EpisodeStore, StoreWriter
 
     episodes, turns, tokens = case
@@ -389,8 +389,8 @@ async def worker(args: argparse.Namespace) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     import benchmarks.common  # noqa: F401  (registers bench/Echo-v0)
-    from agentrl.metrics import tune_gc
     from agentrl.models import resolve_model
+    from agentrl.runtime.metrics import tune_gc
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(args.model))
     tune_gc()

@@ -50,9 +50,9 @@ async def level_run(
 ) -> dict:
     import numpy as np
 
-    from agentrl.metrics import LoopLagMonitor, Metrics
     from agentrl.queue import TrajectoryQueue
     from agentrl.rollout import EpisodeRunner, RolloutConfig, Scheduler, tasks_for
+    from agentrl.runtime.metrics import LoopLagMonitor, Metrics
     from agentrl.store import EpisodeStore, StoreWriter
 
     store_dir.mkdir(parents=True)
@@ -130,8 +130,8 @@ async def main_async(args: argparse.Namespace) -> list[dict]:
     from transformers import AutoTokenizer
 
     from agentrl.inference import InferenceConfig, VLLMEngineClient
-    from agentrl.metrics import tune_gc
     from agentrl.models import resolve_model
+    from agentrl.runtime.metrics import tune_gc
 
     path = resolve_model(args.model)
     tokenizer = AutoTokenizer.from_pretrained(path)

@@ -55,7 +55,7 @@ is when the requests go out; the rest is the CPU the platform spends beside the 
 Every core (``--every-core``, a diagnostic): raw vLLM's and the platform's rounds again
 with every thread of this process allowed on every core, as before agentrl kept it off
 the cores vLLM's CPU worker bound itself to (``inference.keep_off_worker_cores``,
-:mod:`agentrl.cores`); the platform's row is paired against raw's rounds on every core.
+:mod:`agentrl.runtime.cores`); the platform's row is paired against raw's rounds on every core.
 What keeping off the worker's cores buys each of them, side by side.
 
 Platform through rollout workers: the same, the episodes in ``--workers`` worker
@@ -88,7 +88,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agentrl import cores
+from agentrl.runtime import cores
 from benchmarks.common import paired_ratio, save
 from benchmarks.overhead_paths import (
     RequestTimes,
@@ -285,8 +285,8 @@ async def main_async(args: argparse.Namespace) -> dict:
     from transformers import AutoTokenizer
 
     from agentrl.inference import InferenceConfig, VLLMEngineClient
-    from agentrl.metrics import tune_gc
     from agentrl.models import resolve_model
+    from agentrl.runtime.metrics import tune_gc
 
     path = resolve_model(args.model)
     tokenizer = AutoTokenizer.from_pretrained(path)

@@ -70,8 +70,8 @@ async def one_round(
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     from agentrl.inference import server as served
     from agentrl.inference.base import STREAM_INTERVAL, InferenceConfig
-    from agentrl.lifecycle import descendants
     from agentrl.models import resolve_model
+    from agentrl.runtime.stopping import descendants
 
     config = InferenceConfig()
     intervals = (1, STREAM_INTERVAL)

@@ -84,8 +84,8 @@ async def main_async(args: argparse.Namespace) -> list[dict]:
     from transformers import AutoTokenizer
 
     from agentrl.inference import InferenceConfig, VLLMEngineClient
-    from agentrl.metrics import tune_gc
     from agentrl.models import resolve_model
+    from agentrl.runtime.metrics import tune_gc
 
     path = resolve_model(args.model)
     tokenizer = AutoTokenizer.from_pretrained(path)

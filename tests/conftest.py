@@ -20,7 +20,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 def pytest_configure(config: pytest.Config) -> None:
     """Whatever the tests start (vllm serve, engines, `agentrl train` subprocesses) is
     stopped by agentrl's watchdog if pytest itself is killed (a CI timeout)."""
-    from agentrl.lifecycle import ensure_reaper
+    from agentrl.runtime.stopping import ensure_reaper
 
     ensure_reaper()
 

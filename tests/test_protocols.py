@@ -33,9 +33,9 @@ def test_the_training_loop_reads_only_what_rollout_source_declares() -> None:
 
 
 def test_the_scheduler_has_the_staleness_bound_the_protocol_declares() -> None:
-    from agentrl.metrics import Metrics
     from agentrl.queue import TrajectoryQueue
     from agentrl.rollout import RolloutConfig
+    from agentrl.runtime.metrics import Metrics
 
     config = RolloutConfig(max_staleness=2)
     scheduler = Scheduler(object(), TrajectoryQueue(4), config, metrics=Metrics())  # type: ignore[arg-type]

@@ -9,7 +9,7 @@ import pytest
 
 from agentrl.config import EnvConfig, RunConfig
 from agentrl.evaluation import eval_line
-from agentrl.metrics import Metrics
+from agentrl.runtime.metrics import Metrics
 from agentrl.status import RunStatus, env_offers_tools
 
 SUMMARY = {

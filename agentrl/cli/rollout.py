@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentrl.cli.parsers import _overrides
-from agentrl.lifecycle import Stopped, ensure_reaper, run_stoppable
+from agentrl.runtime.stopping import Stopped, ensure_reaper, run_stoppable
 
 if TYPE_CHECKING:
     from agentrl.config import RunConfig

@@ -13,8 +13,8 @@ from agentrl.errors import AgentRLError
 
 
 def _train(args: argparse.Namespace, extra: list[str]) -> int:
-    from agentrl.lifecycle import Stopped, ensure_reaper, run_stoppable
     from agentrl.run import explain_failure, prepare, train
+    from agentrl.runtime.stopping import Stopped, ensure_reaper, run_stoppable
     from agentrl.status import Reporter
     from agentrl.trainer.distributed import launched_rank
 
@@ -105,7 +105,7 @@ def _serve(args: argparse.Namespace, extra: list[str]) -> int:
     # vLLM handles SIGTERM itself (a graceful shutdown of its engine); the watchdog,
     # started before the exec, watches this PID (then vLLM's) and stops the engine
     # processes it leaves if it is SIGKILLed.
-    from agentrl.lifecycle import ensure_reaper
+    from agentrl.runtime.stopping import ensure_reaper
 
     ensure_reaper()
     os.execve(command[0], command, env)

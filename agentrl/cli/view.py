@@ -14,7 +14,7 @@ import sys
 def _view(args: argparse.Namespace, extra: list[str]) -> int:
     from pathlib import Path
 
-    from agentrl.lifecycle import ensure_reaper, run_stoppable
+    from agentrl.runtime.stopping import ensure_reaper, run_stoppable
     from agentrl.view import ViewData, new_token, serve, write_bundle
 
     data = ViewData(Path(args.root))

@@ -7,7 +7,7 @@ server bound to the node's IP (``vllm serve`` built by
 returns once ``/health`` answers. If the server exits, the actor exits with it, so Ray
 starts the actor again (``cluster.max_restarts``); if the actor dies (killed, its node
 gone), the server dies with it (the kernel's parent-death signal), and so do the
-processes the server started (agentrl's watchdog, :func:`agentrl.lifecycle.ensure_reaper`).
+processes the server started (agentrl's watchdog, :func:`agentrl.runtime.stopping.ensure_reaper`).
 
 This module needs no Ray itself: the actor learns its node from the ``node`` argument's
 callable, so it can be tested as a plain object.
@@ -35,7 +35,7 @@ from typing import Any, Literal
 
 from agentrl.errors import EngineStartupError
 from agentrl.inference.base import InferenceConfig
-from agentrl.lifecycle import ensure_reaper
+from agentrl.runtime.stopping import ensure_reaper
 
 logger = logging.getLogger(__name__)
 

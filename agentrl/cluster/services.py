@@ -33,11 +33,11 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from agentrl.background import BackgroundTasks
 from agentrl.cluster.node import ServiceProcess, ServiceSpec
 from agentrl.cluster.proxy import Relay, RelayThread
 from agentrl.cluster.runtime import Placement, import_ray, resource_options
 from agentrl.errors import EngineStartupError, ServerUnavailable
+from agentrl.runtime.background import BackgroundTasks
 
 logger = logging.getLogger(__name__)
 

@@ -258,7 +258,7 @@ class InferenceConfig:
     keep_off_worker_cores: bool = True
     """engine mode on CPU: once vLLM's worker has bound itself to its cores (core 0 of a
     2-core machine), keep this process's threads on the others, so that the event loop
-    and its threads do not preempt the forward pass (agentrl.cores; nothing happens where
+    and its threads do not preempt the forward pass (agentrl.runtime.cores; nothing happens where
     no worker is bound, e.g. on a GPU). vLLM leaves one core per worker to the rest
     (VLLM_CPU_NUM_OF_RESERVED_CPU reserves more, for heavy envs on a large machine)."""
     sleep_during_train: bool = False
@@ -313,7 +313,7 @@ class RolloutConfig:
     env_timeout_s: float = 60.0
     """Deadline for one env call (make, reset, step, close); past it the episode fails.
     It fires within min(50 ms, 1/64 of it) and 2 ms after the deadline, never before it
-    (the calls share one loop timer: agentrl.lanes.Deadlines). inf: no deadline."""
+    (the calls share one loop timer: agentrl.runtime.threads.Deadlines). inf: no deadline."""
     max_staleness: int | None = 1
     """An episode admitted at version v is trained by version v + max_staleness
     (unset in Python: no bound)."""

@@ -47,7 +47,7 @@ from agentrl.env.registry import (
     make_env,
     register_env,
 )
-from agentrl.lanes import ThreadLane
+from agentrl.runtime.threads import ThreadLane
 from agentrl.types import dump_json
 
 __all__ = [
@@ -205,8 +205,8 @@ def _run_sync(coro: Awaitable[Any], name: str) -> Any:
 
 
 class _EnvThreads:
-    """Single-thread lanes (:class:`~agentrl.lanes.ThreadLane`) for envs, kept for the next
-    env when one is let go.
+    """Single-thread lanes (:class:`~agentrl.runtime.threads.ThreadLane`) for envs, kept for
+    the next env when one is let go.
 
     Each env has a worker thread to itself while it lives (so a call that hangs holds
     only that env's thread); an env closed with no call left running hands its thread

@@ -32,9 +32,9 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from agentrl.evaluation.summary import eval_summary
-from agentrl.metrics import Metrics
+from agentrl.runtime.metrics import Metrics
+from agentrl.runtime.tracing import EVAL, Tracer
 from agentrl.status import RunStatus
-from agentrl.trace import EVAL, Tracer
 
 if TYPE_CHECKING:
     from agentrl.config import RunConfig

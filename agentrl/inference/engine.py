@@ -23,7 +23,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentrl import cores
 from agentrl.errors import EngineError, EngineStartupError, WeightSyncError
 from agentrl.inference.base import (
     STREAM_INTERVAL,
@@ -35,8 +34,9 @@ from agentrl.inference.base import (
 )
 from agentrl.inference.client_base import VLLMClientBase
 from agentrl.inference.quiet import engine_stderr
-from agentrl.lifecycle import ensure_reaper
 from agentrl.models import resolve_model
+from agentrl.runtime import cores
+from agentrl.runtime.stopping import ensure_reaper
 
 if TYPE_CHECKING:
     from vllm.engine.arg_utils import AsyncEngineArgs
@@ -76,7 +76,7 @@ class VLLMEngineClient(VLLMClientBase):
         self.max_lora_rank = max_lora_rank
         """The adapter rank LoRA updates may have; None: started without LoRA."""
         self._cores_claim: int | None = None
-        """This process keeps off the cores of this engine's worker (agentrl.cores)."""
+        """This process keeps off the cores of this engine's worker (agentrl.runtime.cores)."""
         self._lora: Any = None  # vllm.lora.request.LoRARequest of the served adapter
         self._lora_ids = 0
 

@@ -30,7 +30,6 @@ from typing import Any
 
 import aiohttp
 
-from agentrl import cores
 from agentrl.errors import (
     ContextOverflowError,
     EngineError,
@@ -47,9 +46,10 @@ from agentrl.inference.base import (
     token_list,
 )
 from agentrl.inference.client_base import VLLMClientBase
-from agentrl.lifecycle import descendants, ensure_reaper
 from agentrl.models import resolve_model
-from agentrl.net import free_port
+from agentrl.runtime import cores
+from agentrl.runtime.net import free_port
+from agentrl.runtime.stopping import descendants, ensure_reaper
 
 logger = logging.getLogger(__name__)
 
@@ -244,7 +244,7 @@ def _spawn(command: Sequence[str], env: dict[str, str] | None, log_path: Path) -
     """Start ``command`` in its own session (process group), output appended to the log.
 
     The session keeps Ctrl-C in a terminal from reaching the server before agentrl
-    stops it; the watchdog (:func:`agentrl.lifecycle.ensure_reaper`) stops it if
+    stops it; the watchdog (:func:`agentrl.runtime.stopping.ensure_reaper`) stops it if
     agentrl dies without doing so.
     """
     ensure_reaper()

@@ -32,12 +32,12 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
-from agentrl.background import BackgroundTasks
 from agentrl.env import make_env, supports_state
 from agentrl.errors import ConfigError
 from agentrl.remote import protocol as P
 from agentrl.remote.servers import connection_gone
 from agentrl.remote.sessions import EnvCallError, Session, SessionMessages, reset_args
+from agentrl.runtime.background import BackgroundTasks
 from agentrl.tools import ToolSet
 
 logger = logging.getLogger(__name__)

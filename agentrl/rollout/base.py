@@ -21,8 +21,8 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from agentrl.inference.base import InferenceClient
-from agentrl.metrics import Metrics
 from agentrl.rollout.episode import EpisodeProgress
+from agentrl.runtime.metrics import Metrics
 from agentrl.types import PartialEpisode, Task, Trajectory
 
 

@@ -39,12 +39,12 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal
 
-from agentrl import faults
 from agentrl.errors import ConfigError
-from agentrl.metrics import Metrics
 from agentrl.protocols import UpdateStats
 from agentrl.rollout.base import Runner
 from agentrl.rollout.staleness import Staleness
+from agentrl.runtime import faults
+from agentrl.runtime.metrics import Metrics
 from agentrl.store import StoreWriter
 from agentrl.types import RequestId
 

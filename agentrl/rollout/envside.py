@@ -25,11 +25,11 @@ from agentrl.config import RolloutConfig
 from agentrl.env import EnvHandle, supports_state
 from agentrl.errors import InfraError, RemoteEnvError
 from agentrl.jsondata import jsonable
-from agentrl.lanes import Deadlines
-from agentrl.metrics import Metrics
 from agentrl.rollout.check_command import check_env_command
 from agentrl.rollout.episode import EnvFailure, EpisodeState
 from agentrl.rollout.verify import verify_log
+from agentrl.runtime.metrics import Metrics
+from agentrl.runtime.threads import Deadlines
 from agentrl.tools import ToolCall, ToolResult, ToolSet
 from agentrl.types import FailureKind, PartialEpisode, Task, Timings, Trajectory
 

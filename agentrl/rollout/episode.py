@@ -48,7 +48,7 @@ class EpisodeProgress:
     """Sampled tokens per policy version, so far."""
     tool_calls: int = 0
     trace: Any = dataclasses.field(default=None, repr=False)
-    """An :class:`~agentrl.trace.EpisodeTrace` when the runner traces."""
+    """An :class:`~agentrl.runtime.tracing.EpisodeTrace` when the runner traces."""
 
     def set_phase(self, phase: str) -> None:
         self.phase = phase

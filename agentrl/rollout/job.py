@@ -205,10 +205,10 @@ async def _run_scheduler(
 ) -> dict[str, Any]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from agentrl.metrics import LoopLagMonitor, tune_gc
     from agentrl.queue import TrajectoryQueue
     from agentrl.rollout import Scheduler
     from agentrl.rollout.workers import open_runner
+    from agentrl.runtime.metrics import LoopLagMonitor, tune_gc
     from agentrl.store import StoreWriter
 
     cfg = job.config

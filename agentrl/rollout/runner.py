@@ -39,15 +39,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from agentrl import faults
 from agentrl.chat import as_messages
 from agentrl.chat.formats import ChatFormat, resolve_chat_format
 from agentrl.config import RolloutConfig
 from agentrl.env import make_env
 from agentrl.errors import ContextOverflowError, InfraError, RemoteEnvError
 from agentrl.inference.base import InferenceClient
-from agentrl.lanes import Deadlines, ThreadLane
-from agentrl.metrics import Metrics
 from agentrl.rollout.envside import (
     TOOL_NEVER_RAN,
     ContextFull,
@@ -68,8 +65,11 @@ from agentrl.rollout.episode import (
 )
 from agentrl.rollout.records import oldest_sampled_version, snapshot_of, trajectory_of, turn_start
 from agentrl.rollout.turnstile import Turnstile
+from agentrl.runtime import faults
+from agentrl.runtime.metrics import Metrics
+from agentrl.runtime.threads import Deadlines, ThreadLane
+from agentrl.runtime.tracing import ROLLOUT, EpisodeTrace, Tracer
 from agentrl.tools import ParsedTurn
-from agentrl.trace import ROLLOUT, EpisodeTrace, Tracer
 from agentrl.types import (
     EpisodeStatus,
     FailureKind,

@@ -37,11 +37,11 @@ from typing import Any
 
 from agentrl.config import RolloutConfig
 from agentrl.errors import ConfigError
-from agentrl.metrics import Metrics
 from agentrl.queue import TrajectoryQueue
 from agentrl.rollout.base import Runner
 from agentrl.rollout.episode import EpisodeDropped
 from agentrl.rollout.staleness import Staleness
+from agentrl.runtime.metrics import Metrics
 from agentrl.store import StoreWriter
 from agentrl.types import Group, PartialEpisode, Task, Trajectory
 

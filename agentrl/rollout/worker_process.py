@@ -26,7 +26,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from agentrl.errors import InfraError
-from agentrl.metrics import LoopLagMonitor, Metrics, tune_gc
 from agentrl.rollout.envside import sampled_tokens
 from agentrl.rollout.episode import EpisodeProgress, EpisodeState
 from agentrl.rollout.records import oldest_sampled_version
@@ -39,6 +38,7 @@ from agentrl.rollout.wire import (
     error_payload,
     generation_from,
 )
+from agentrl.runtime.metrics import LoopLagMonitor, Metrics, tune_gc
 from agentrl.store.schema import PartialRow, segment_columns
 from agentrl.types import PartialEpisode, RequestId, Task
 

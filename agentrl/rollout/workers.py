@@ -46,10 +46,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from agentrl.background import BackgroundTasks
 from agentrl.config import ModelConfig, RolloutConfig
 from agentrl.errors import ConfigError, InfraError
-from agentrl.metrics import Metrics
 from agentrl.rollout.base import Runner
 from agentrl.rollout.episode import EpisodeProgress
 from agentrl.rollout.runner import EpisodeRunner
@@ -61,8 +59,10 @@ from agentrl.rollout.wire import (
     generation_values,
 )
 from agentrl.rollout.worker_spawn import Worker, spawn_worker
+from agentrl.runtime.background import BackgroundTasks
+from agentrl.runtime.metrics import Metrics
+from agentrl.runtime.tracing import ROLLOUT, EpisodeTrace
 from agentrl.store.schema import encoded
-from agentrl.trace import ROLLOUT, EpisodeTrace
 from agentrl.types import PartialEpisode, Task, Trajectory
 
 logger = logging.getLogger(__name__)

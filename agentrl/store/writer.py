@@ -16,8 +16,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from agentrl import faults
-from agentrl.background import BackgroundTasks
+from agentrl.runtime import faults
+from agentrl.runtime.background import BackgroundTasks
 from agentrl.store.episodes import EpisodeStore
 from agentrl.store.schema import PartialRow
 from agentrl.types import Group, PartialEpisode, Task, Trajectory

@@ -33,8 +33,8 @@ from agentrl.config import TrainConfig
 from agentrl.errors import StopRequested
 from agentrl.protocols import RolloutSource
 from agentrl.queue import TrajectoryQueue
+from agentrl.runtime.tracing import CHECKPOINT_LANE, SYNC_LANE, TRAIN_LANE, TRAINER, Tracer
 from agentrl.store import EpisodeStore
-from agentrl.trace import CHECKPOINT_LANE, SYNC_LANE, TRAIN_LANE, TRAINER, Tracer
 from agentrl.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from agentrl.trainer.publish import PublishStats, WeightPublisher
 from agentrl.trainer.trainer import StepStats, Trainer

@@ -24,7 +24,7 @@ import time
 from typing import Any
 
 from agentrl.errors import WeightSyncError
-from agentrl.net import free_port
+from agentrl.runtime.net import free_port
 
 
 def nccl_available() -> bool:

@@ -38,9 +38,9 @@ from typing import Any
 
 import torch
 
-from agentrl import cores, faults
 from agentrl.config import TrainerConfig
 from agentrl.errors import ConfigError
+from agentrl.runtime import cores, faults
 from agentrl.trainer import packing as packed_attention
 from agentrl.trainer.batch import (
     MicroBatch,

@@ -19,7 +19,7 @@ import urllib.request
 from pathlib import Path
 
 from agentrl.cli import main
-from agentrl.net import free_port
+from agentrl.runtime.net import free_port
 
 ENV_ID = "agentrl/GuessNumber-v0"
 STARTUP_TIMEOUT_S = 60.0

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.lifecycle import descendants
+from agentrl.runtime.stopping import descendants
 from agentrl.sandbox import SandboxLimits, SandboxPolicy, probe
 from agentrl.sandbox.isolation import environment
 from agentrl.tools import ToolCall, ToolSet

@@ -251,7 +251,7 @@ def test_agentrl_serve_leaves_nothing_behind(
     after a SIGKILL the watchdog started before the exec stops the engine process."""
     import urllib.request
 
-    from agentrl.net import free_port
+    from agentrl.runtime.net import free_port
 
     port, mark = free_port(), uuid.uuid4().hex
     proc = Proc(

@@ -10,8 +10,8 @@ import pytest
 from agentrl.config import HealthConfig, RunConfig
 from agentrl.errors import AgentRLError, StopRequested
 from agentrl.health import HealthStop, HealthWatch, replay_rows
-from agentrl.metrics import Metrics
 from agentrl.monitor import headline, plain_line
+from agentrl.runtime.metrics import Metrics
 from agentrl.status import RunStatus
 from tests.health.episodes import episode, group, healthy_rows
 

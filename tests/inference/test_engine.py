@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from agentrl import cores
 from agentrl.errors import ModelNotFoundError
 from agentrl.inference.base import SamplingConfig
 from agentrl.inference.engine import STREAM_INTERVAL, VLLMEngineClient
+from agentrl.runtime import cores
 from tests.inference.client_contract import PROMPT, ClientContract, long_greedy, token_counts
-from tests.test_cores import thread_core_sets
+from tests.runtime.test_cores import thread_core_sets
 
 pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module")]
 
@@ -84,7 +84,7 @@ async def test_this_process_keeps_off_the_core_vllms_worker_bound_itself_to(
 ) -> None:
     """vLLM's CPU worker binds itself to core 0 of this 2-core machine and spins; every
     thread of this process (the engine's client, the event loop, their helpers) runs on
-    the other cores, so none preempts the forward pass (agentrl.cores)."""
+    the other cores, so none preempts the forward pass (agentrl.runtime.cores)."""
     bound = cores.worker_cores()
     assert bound, "vLLM's CPU worker bound itself to some cores (VLLM_CPU_OMP_THREADS_BIND)"
     rest = frozenset(cores.process_cores() - bound)

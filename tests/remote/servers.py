@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from agentrl.net import free_port
+from agentrl.runtime.net import free_port
 from tests.faults.harness import AGENTRL, Proc, healthy, wait_until
 
 ECHO_SERVER = Path(__file__).with_name("openenv_echo_server.py")

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from agentrl.net import free_port
+from agentrl.runtime.net import free_port
 from tests.faults.harness import (
     AGENTRL,
     Proc,

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from agentrl.env import TextEnv, register_env
-from agentrl.metrics import LoopLagMonitor, Metrics
 from agentrl.queue import QueueClosed, TrajectoryQueue
 from agentrl.rollout import EpisodeRunner, RolloutConfig, Scheduler, tasks_for
+from agentrl.runtime.metrics import LoopLagMonitor, Metrics
 from agentrl.types import Group, Task
 from tests.rollout.fakes import ScriptedClient
 

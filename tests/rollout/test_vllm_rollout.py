@@ -12,9 +12,9 @@ import pytest
 
 from agentrl.inference.base import Generation, SamplingConfig
 from agentrl.inference.engine import VLLMEngineClient
-from agentrl.metrics import LoopLagMonitor
 from agentrl.queue import TrajectoryQueue
 from agentrl.rollout import EpisodeRunner, RolloutConfig, Scheduler, tasks_for
+from agentrl.runtime.metrics import LoopLagMonitor
 from agentrl.types import Trajectory
 
 pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module")]

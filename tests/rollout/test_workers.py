@@ -24,12 +24,12 @@ import pytest
 import benchmarks.common  # noqa: F401  (registers bench/Echo-v0 here too)
 from agentrl.errors import ConfigError, InfraError
 from agentrl.inference.base import Generation, SamplingConfig
-from agentrl.metrics import Metrics
 from agentrl.queue import TrajectoryQueue
 from agentrl.rollout import EpisodeRunner, RolloutConfig, Scheduler, tasks_for
 from agentrl.rollout.controller import RolloutController
 from agentrl.rollout.wire import PromptsReceived, PromptsSent
 from agentrl.rollout.workers import WorkerRunner, open_runner
+from agentrl.runtime.metrics import Metrics
 from agentrl.store import EpisodeStore, StoreWriter, schema
 from agentrl.store.schema import segment_columns
 from agentrl.types import RequestId, Trajectory

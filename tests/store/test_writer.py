@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from agentrl.errors import StoreError
-from agentrl.metrics import Metrics
+from agentrl.runtime.metrics import Metrics
 from agentrl.store import EpisodeStore, StoreWriter
 from agentrl.types import PartialEpisode, Task
 

@@ -1,4 +1,4 @@
-"""ThreadLane, a worker thread awaited from an event loop, and Deadlines (agentrl.lanes)."""
+"""ThreadLane, a thread awaited from an event loop, and Deadlines (agentrl.runtime.threads)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from agentrl.lanes import Deadlines, ThreadLane
+from agentrl.runtime.threads import Deadlines, ThreadLane
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -145,7 +145,7 @@ def test_a_call_hung_past_its_deadline_does_not_hold_up_the_exit() -> None:
 
     code = textwrap.dedent("""
         import asyncio, threading
-        from agentrl.lanes import ThreadLane
+        from agentrl.runtime.threads import ThreadLane
 
         async def main():
             try:

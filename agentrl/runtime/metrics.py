@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from agentrl.background import BackgroundTasks
+from agentrl.runtime.background import BackgroundTasks
 
 
 class Metrics:

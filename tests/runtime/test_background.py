@@ -8,8 +8,8 @@ import logging
 
 import pytest
 
-from agentrl.background import BackgroundTasks
 from agentrl.errors import InfraError
+from agentrl.runtime.background import BackgroundTasks
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -20,7 +20,7 @@ async def _crash(after_s: float = 0.0) -> None:
 
 
 async def test_a_failure_is_raised_at_the_next_check_and_at_close(caplog) -> None:
-    caplog.set_level(logging.ERROR, logger="agentrl.background")
+    caplog.set_level(logging.ERROR, logger="agentrl.runtime.background")
     woken: list[BaseException] = []
     tasks = BackgroundTasks(
         "the test pool", error=lambda e: InfraError(f"crashed: {e}"), on_failure=woken.append

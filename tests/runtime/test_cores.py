@@ -1,4 +1,4 @@
-"""agentrl.cores against real processes: a child that names itself as vLLM's worker and
+"""agentrl.runtime.cores against real processes: a child that names itself as vLLM's worker and
 binds itself to core 0, as vLLM's CPU worker does (the real engine: tests/inference/
 test_engine.py)."""
 
@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from agentrl import cores
+from agentrl.runtime import cores
 
 pytestmark = pytest.mark.skipif(
     not cores.supported() or len(os.sched_getaffinity(0)) < 2, reason="Linux, 2+ cores"

@@ -148,7 +148,7 @@ def ensure_reaper() -> int | None:
             return _reaper[1].pid
         # Its own session: a kill of this process's group (Ctrl-C, kill -PGID) spares it.
         proc = subprocess.Popen(
-            [sys.executable, "-m", "agentrl.lifecycle", "--watch", str(os.getpid())],
+            [sys.executable, "-m", "agentrl.runtime.stopping", "--watch", str(os.getpid())],
             stdin=subprocess.DEVNULL,
             start_new_session=True,
             close_fds=True,
@@ -314,7 +314,7 @@ def run_stoppable(
 
 def _main(argv: list[str]) -> int:
     if len(argv) != 2 or argv[0] != "--watch":
-        sys.stderr.write("usage: python -m agentrl.lifecycle --watch PID\n")
+        sys.stderr.write("usage: python -m agentrl.runtime.stopping --watch PID\n")
         return 2
     return watch(int(argv[1]))
 

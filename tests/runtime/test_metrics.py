@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from agentrl.metrics import LoopLagMonitor, Metrics
+from agentrl.runtime.metrics import LoopLagMonitor, Metrics
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -1,4 +1,4 @@
-"""Stopping cleanly (agentrl.lifecycle): SIGTERM/SIGHUP like Ctrl-C with a grace period,
+"""Stopping cleanly (agentrl.runtime.stopping): SIGTERM/SIGHUP like Ctrl-C with a grace period,
 and the watchdog that stops whatever a process started when it dies, even by SIGKILL."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.lifecycle import descendants, kill_processes, stop_processes
+from agentrl.runtime.stopping import descendants, kill_processes, stop_processes
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
 
@@ -59,7 +59,7 @@ def _ready(proc: subprocess.Popen[str]) -> list[int]:
 
 SPAWNER = """
     import subprocess, sys, time
-    from agentrl.lifecycle import ensure_reaper
+    from agentrl.runtime.stopping import ensure_reaper
     reaper = ensure_reaper()
     sleep = [sys.executable, "-c", "import time; time.sleep(120)"]
     # like vllm serve: its own session, with a child of its own (the engine process)
@@ -95,7 +95,7 @@ def test_sigkilled_process_leaves_nothing_it_started(tmp_path: Path) -> None:
 
 CLEAN_EXIT = """
     import multiprocessing.resource_tracker as rt, subprocess, sys, time
-    from agentrl.lifecycle import ensure_reaper
+    from agentrl.runtime.stopping import ensure_reaper
     reaper = ensure_reaper()
     rt.ensure_running()
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
@@ -183,7 +183,7 @@ def test_stop_processes_asks_first_then_kills(tmp_path: Path) -> None:
 
 STOPPABLE = """
     import asyncio, signal, subprocess, sys, time
-    from agentrl.lifecycle import Stopped, run_stoppable
+    from agentrl.runtime.stopping import Stopped, run_stoppable
 
     HANG = {hang}
 
@@ -252,7 +252,7 @@ def test_the_grace_period_running_out_stops_at_once(tmp_path: Path) -> None:
 
 
 def test_fault_points_can_send_a_signal_instead_of_sigkill() -> None:
-    from agentrl import faults
+    from agentrl.runtime import faults
 
     try:
         faults.arm("generation@2=TERM,optimizer_step")
