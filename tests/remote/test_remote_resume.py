@@ -22,7 +22,7 @@ from agentrl.rollout import EpisodeRunner
 from agentrl.types import PartialEpisode, Task, Trajectory
 from tests.remote.servers import serve_env
 from tests.rollout.fakes import ScriptedClient
-from tests.test_store import assert_same, counting_model, run_with_checkpoints
+from tests.store.test_episodes import assert_same, counting_model, run_with_checkpoints
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -13,7 +13,7 @@ from agentrl.config import RunConfig
 from agentrl.errors import ConfigError
 from agentrl.evaluation import PeriodicEval, eval_line, eval_summary
 from agentrl.plots import eval_series
-from tests.eval.test_pass_at_k import _episode
+from tests.evaluation.test_report import _episode
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -113,7 +113,7 @@ def test_the_report_names_tool_use_only_for_an_env_with_tools(
 ) -> None:
     from agentrl.cli.eval import _print_report
     from agentrl.evaluation import eval_report
-    from tests.eval.test_pass_at_k import _episode
+    from tests.evaluation.test_report import _episode
 
     monkeypatch.setenv("COLUMNS", "200")
     episodes = [_episode(t, i, 1.0) for t in range(2) for i in range(2)]
