@@ -258,10 +258,10 @@ async def train(config: RunConfig, run_dir: Path, *, resume: bool = False,
 async def _train(out: _RunOutput, model_path: str, store: EpisodeStore, display: Any,
                  result: TrainResult, *, resume: bool, accelerator: Any) -> None:  # fmt: skip
     """Build the components (the architecture diagram, left to right) and run them."""
+    from agentrl.cluster.workers import open_cluster_runner as open_runner
     from agentrl.queue import TrajectoryQueue
     from agentrl.rollout import Scheduler
     from agentrl.rollout.controller import RolloutController
-    from agentrl.rollout.workers import open_runner
     from agentrl.store import StoreWriter
     from agentrl.trainer.loop import TrainLoop
     from agentrl.trainer.publish import WeightPublisher
@@ -279,7 +279,7 @@ async def _train(out: _RunOutput, model_path: str, store: EpisodeStore, display:
         runner = await open_runner(stack, client, trainer.tokenizer, cfg.rollout,
                                    model=cfg.model, imports=cfg.env.imports,
                                    metrics=status.metrics, checkpoint=writer.partial,
-                                   tracer=tracer, make=out.make)  # fmt: skip
+                                   tracer=tracer, make=out.make, cluster=cfg.cluster)  # fmt: skip
         controller = RolloutController(runner, writer=writer, policy=cfg.rollout.update_policy,
                                        max_staleness=cfg.rollout.max_staleness,
                                        metrics=status.metrics)  # fmt: skip
