@@ -68,7 +68,7 @@ test: install
 # The fast fault tests also run in `make test`; this adds the long ones (-m soak):
 # five SIGKILLs of one run, vllm serve killed, a full disk. About 20 minutes on 2 cores.
 soak: install
-	AGENTRL_FAULT_TABLE=benchmarks/results/soak.md $(PY) -m pytest -q -ra -m "soak or not soak" tests/faults tests/inference/test_pool.py tests/trainer/test_train_kill_resume.py tests/rollout/test_crash_resume.py tests/tools/test_sandbox.py tests/remote tests/tools/test_mcp.py tests/trainer/test_fsdp2_checkpoint.py tests/health/test_train_health.py
+	AGENTRL_FAULT_TABLE=benchmarks/results/soak.md $(PY) -m pytest -q -ra -m "soak or not soak" tests/faults tests/inference/test_pool.py tests/trainer/test_train_kill_resume.py tests/rollout/test_crash_resume.py tests/tools/test_sandbox.py tests/remote tests/tools/test_mcp.py tests/trainer/test_fsdp2_checkpoint.py tests/health/test_train_health.py tests/cluster
 	@echo "fault table: benchmarks/results/soak.md"
 
 bench: install
