@@ -224,6 +224,8 @@ def cluster_ranks(
     """
     from agentrl.trainer.distributed import launched_config
 
+    if resume is not None and not (Path(resume) / "config.toml").is_file():
+        return None  # not a run directory: preparing the run says so
     config = (
         RunConfig.load(Path(resume) / "config.toml", overrides)
         if resume is not None
