@@ -42,11 +42,11 @@ from typing import TYPE_CHECKING, Any
 from agentrl.config import RunConfig
 from agentrl.env import check_env_config, import_env_modules, load_env_plugins
 from agentrl.errors import ConfigError, InfraError, RunDirError
-from agentrl.metrics import LoopLagMonitor, Metrics, tune_gc
 from agentrl.monitor import MetricsLog, live_display, plain_line
 from agentrl.periodic_eval import DURING, PeriodicEval, evaluate
+from agentrl.runtime.metrics import LoopLagMonitor, Metrics, tune_gc
+from agentrl.runtime.tracing import Tracer
 from agentrl.status import Reporter, RunStatus, eval_line
-from agentrl.trace import Tracer
 
 if TYPE_CHECKING:
     from agentrl.inference import InferenceClient, ServerPool
@@ -88,8 +88,13 @@ class _RunOutput:
     """Builds the envs: the env servers' pool with ``[env] url``; None: Gymnasium's."""
 
 
-def prepare(config_path: str | Path | None, overrides: list[str], *, resume: str | None = None,
-            reporter: Reporter | None = None) -> tuple[RunConfig, Path]:  # fmt: skip
+def prepare(
+    config_path: str | Path | None,
+    overrides: list[str],
+    *,
+    resume: str | None = None,
+    reporter: Reporter | None = None,
+) -> tuple[RunConfig, Path]:
     """Load and check the config and choose the run directory; create nothing.
 
     With ``resume`` (a run directory), the config is the one recorded there, with
@@ -151,8 +156,13 @@ def _check_resumable(run_dir: Path, reporter: Reporter | None) -> None:
     from agentrl.store import EpisodeStore
     from agentrl.store.schema import holds_no_store
 
-    for path in (run_dir, *(run_dir / n for n in ("episodes.db", "metrics.jsonl", "trace.json",
-                                                   "status.json", "checkpoints"))):  # fmt: skip
+    for path in (
+        run_dir,
+        *(
+            run_dir / n
+            for n in ("episodes.db", "metrics.jsonl", "trace.json", "status.json", "checkpoints")
+        ),
+    ):
         if path.exists() and not os.access(path, os.W_OK):
             raise RunDirError(
                 f"{path} is not writable (a read-only file system or no permission); nothing "
@@ -204,9 +214,14 @@ def _init_run_dir(config: RunConfig, run_dir: Path, resume: bool) -> None:
         os.replace(tmp, run_dir / CONFIG_FILE)
 
 
-async def train(config: RunConfig, run_dir: Path, *, resume: bool = False,
-                accelerator: Any = None, reporter: Reporter | None = None
-                ) -> TrainResult:  # fmt: skip
+async def train(
+    config: RunConfig,
+    run_dir: Path,
+    *,
+    resume: bool = False,
+    accelerator: Any = None,
+    reporter: Reporter | None = None,
+) -> TrainResult:
     """Run (or continue) the job described by ``config`` in ``run_dir``.
 
     ``accelerator``: an ``accelerate.Accelerator`` when launched as rank 0 of several
@@ -228,11 +243,20 @@ async def train(config: RunConfig, run_dir: Path, *, resume: bool = False,
     status = RunStatus(config, run_dir, Metrics())
     model_path = await asyncio.to_thread(resolve_model, config.model.path)
     out = _RunOutput(
-        config, run_dir, status, Tracer(run_dir / "trace.json" if config.log.trace else None),
-        MetricsLog(run_dir, tensorboard=config.log.tensorboard, wandb=config.log.wandb,
-                   trackio=config.log.trackio, name=config.run.name, config=config.to_dict()),
+        config,
+        run_dir,
+        status,
+        Tracer(run_dir / "trace.json" if config.log.trace else None),
+        MetricsLog(
+            run_dir,
+            tensorboard=config.log.tensorboard,
+            wandb=config.log.wandb,
+            trackio=config.log.trackio,
+            name=config.run.name,
+            config=config.to_dict(),
+        ),
         (reporter or Reporter()).with_progress(config.log.progress != "none"),
-    )  # fmt: skip
+    )
     store = EpisodeStore.open(run_dir)
     store.begin_run("train", config.to_dict())
     display = live_display(config.log.progress)
@@ -240,8 +264,9 @@ async def train(config: RunConfig, run_dir: Path, *, resume: bool = False,
     await asyncio.to_thread(status.write)
     try:
         with display if display is not None else contextlib.nullcontext():
-            await _train(out, model_path, store, display, result, resume=resume,
-                         accelerator=accelerator)  # fmt: skip
+            await _train(
+                out, model_path, store, display, result, resume=resume, accelerator=accelerator
+            )
         status.state = "finished"
     except (KeyboardInterrupt, asyncio.CancelledError):
         status.state = "interrupted"
@@ -255,8 +280,16 @@ async def train(config: RunConfig, run_dir: Path, *, resume: bool = False,
     return result
 
 
-async def _train(out: _RunOutput, model_path: str, store: EpisodeStore, display: Any,
-                 result: TrainResult, *, resume: bool, accelerator: Any) -> None:  # fmt: skip
+async def _train(
+    out: _RunOutput,
+    model_path: str,
+    store: EpisodeStore,
+    display: Any,
+    result: TrainResult,
+    *,
+    resume: bool,
+    accelerator: Any,
+) -> None:
     """Build the components (the architecture diagram, left to right) and run them."""
     from agentrl.cluster.workers import open_cluster_runner as open_runner
     from agentrl.queue import TrajectoryQueue
@@ -272,21 +305,42 @@ async def _train(out: _RunOutput, model_path: str, store: EpisodeStore, display:
     async with contextlib.AsyncExitStack() as stack:
         if trainer.recorder is not None:
             stack.callback(trainer.recorder.close)
-        client, pool = await _start_inference(cfg, model_path, out.run_dir / "logs", stack,
-                                              out.reporter)  # fmt: skip
+        client, pool = await _start_inference(
+            cfg, model_path, out.run_dir / "logs", stack, out.reporter
+        )
         out = await _start_env_servers(out, stack)
         writer = await stack.enter_async_context(StoreWriter(store))
-        runner = await open_runner(stack, client, trainer.tokenizer, cfg.rollout,
-                                   model=cfg.model, imports=cfg.env.imports,
-                                   metrics=status.metrics, checkpoint=writer.partial,
-                                   tracer=tracer, make=out.make, cluster=cfg.cluster)  # fmt: skip
-        controller = RolloutController(runner, writer=writer, policy=cfg.rollout.update_policy,
-                                       max_staleness=cfg.rollout.max_staleness,
-                                       metrics=status.metrics)  # fmt: skip
+        runner = await open_runner(
+            stack,
+            client,
+            trainer.tokenizer,
+            cfg.rollout,
+            model=cfg.model,
+            imports=cfg.env.imports,
+            metrics=status.metrics,
+            checkpoint=writer.partial,
+            tracer=tracer,
+            make=out.make,
+            cluster=cfg.cluster,
+        )
+        controller = RolloutController(
+            runner,
+            writer=writer,
+            policy=cfg.rollout.update_policy,
+            max_staleness=cfg.rollout.max_staleness,
+            metrics=status.metrics,
+        )
         queue = TrajectoryQueue(2 * cfg.train.groups_per_step)
-        scheduler = Scheduler(runner, queue, cfg.rollout, batch_size=cfg.batch_size(),
-                              version=lambda: trainer.version, metrics=status.metrics,
-                              writer=writer, resume=resume)  # fmt: skip
+        scheduler = Scheduler(
+            runner,
+            queue,
+            cfg.rollout,
+            batch_size=cfg.batch_size(),
+            version=lambda: trainer.version,
+            metrics=status.metrics,
+            writer=writer,
+            resume=resume,
+        )
         weights_dir = await asyncio.to_thread(_weights_dir, cfg.inference.weights_dir)
         publisher = WeightPublisher(trainer, controller, directory=weights_dir)
         stack.callback(publisher.close)
@@ -297,24 +351,32 @@ async def _train(out: _RunOutput, model_path: str, store: EpisodeStore, display:
         periodic = await stack.enter_async_context(
             PeriodicEval(cfg.eval.every, cfg.train.steps, beside)
         )
-        loop = TrainLoop(trainer, publisher, scheduler, queue, cfg.train, store=store,
-                         checkpoint_dir=out.run_dir / "checkpoints",
-                         on_step=_on_step(out, display, periodic),
-                         tracer=tracer, group_size=cfg.rollout.group_size,
-                         sleeper=_EngineSleep(client) if cfg.inference.sleep_during_train
-                         else None)  # fmt: skip
+        loop = TrainLoop(
+            trainer,
+            publisher,
+            scheduler,
+            queue,
+            cfg.train,
+            store=store,
+            checkpoint_dir=out.run_dir / "checkpoints",
+            on_step=_on_step(out, display, periodic),
+            tracer=tracer,
+            group_size=cfg.rollout.group_size,
+            sleeper=_EngineSleep(client) if cfg.inference.sleep_during_train else None,
+        )
         status.attach(trainer=trainer, runner=runner, queue=queue, loop=loop, pool=pool)
         tune_gc()
         if resume:
             step = await loop.restore()
-            out.reporter.say(f"resumed at step {step} (version {trainer.version}); "
-                             f"{len(queue)} complete groups to train first")  # fmt: skip
+            out.reporter.say(
+                f"resumed at step {step} (version {trainer.version}); "
+                f"{len(queue)} complete groups to train first"
+            )
         async with asyncio.TaskGroup() as tg:
             ticker = tg.create_task(status.ticker(display), name="status")
             lag = LoopLagMonitor(status.metrics).start()
             try:
-                await _evaluate_train_evaluate(out, client, trainer, loop, store, result,
-                                               periodic)  # fmt: skip
+                await _evaluate_train_evaluate(out, client, trainer, loop, store, result, periodic)
             finally:
                 await lag.stop()
                 ticker.cancel()
@@ -332,20 +394,34 @@ async def _start_env_servers(out: _RunOutput, stack: contextlib.AsyncExitStack) 
 
     pool = await stack.enter_async_context(EnvServerPool.from_config(env))
     up = [m["url"] for m in pool.describe() if m["up"]]
-    out.reporter.say(f"env {env.id} on {len(up)} of {len(env.servers)} env server(s): "
-                     f"{', '.join(up) or 'none up yet'}")  # fmt: skip
+    out.reporter.say(
+        f"env {env.id} on {len(up)} of {len(env.servers)} env server(s): "
+        f"{', '.join(up) or 'none up yet'}"
+    )
     return dataclasses.replace(out, make=pool.make)
 
 
-async def _start_trainer(cfg: RunConfig, model_path: str, accelerator: Any, resume: bool,
-                         reporter: Reporter, run_dir: Path) -> Trainer:  # fmt: skip
+async def _start_trainer(
+    cfg: RunConfig,
+    model_path: str,
+    accelerator: Any,
+    resume: bool,
+    reporter: Reporter,
+    run_dir: Path,
+) -> Trainer:
     from agentrl.trainer.tokenrecord import TokenRecorder
     from agentrl.trainer.trainer import Trainer
 
     recorder = TokenRecorder(run_dir) if cfg.trainer.record_tokens else None
-    trainer = await asyncio.to_thread(Trainer, model_path, cfg.trainer,
-                                      temperature=cfg.rollout.temperature, seed=cfg.run.seed,
-                                      accelerator=accelerator, recorder=recorder)  # fmt: skip
+    trainer = await asyncio.to_thread(
+        Trainer,
+        model_path,
+        cfg.trainer,
+        temperature=cfg.rollout.temperature,
+        seed=cfg.run.seed,
+        accelerator=accelerator,
+        recorder=recorder,
+    )
     reporter.say(trainer.placement())
     for level, line in trainer.advice():
         if level == "warning":
@@ -354,8 +430,10 @@ async def _start_trainer(cfg: RunConfig, model_path: str, accelerator: Any, resu
             reporter.say(f"note: {line}")
     _check_colocated(cfg, trainer, reporter)
     if trainer.world > 1:
-        reporter.say(f"training on {trainer.world} processes "
-                     f"({trainer.accelerator.distributed_type}); this is rank 0")  # fmt: skip
+        reporter.say(
+            f"training on {trainer.world} processes "
+            f"({trainer.accelerator.distributed_type}); this is rank 0"
+        )
     return trainer
 
 
@@ -383,9 +461,15 @@ def _check_colocated(cfg: RunConfig, trainer: Trainer, reporter: Reporter) -> No
 
     total = torch.cuda.get_device_properties(trainer.device).total_memory
     params = sum(p.numel() for p in trainer.unwrapped.parameters())
-    plan = colocated_plan(trainer.unwrapped.config, params, cfg.trainer, cfg.inference,
-                          precision=trainer.precision, chunked=trainer.chunked_logprob,
-                          total=total)  # fmt: skip
+    plan = colocated_plan(
+        trainer.unwrapped.config,
+        params,
+        cfg.trainer,
+        cfg.inference,
+        precision=trainer.precision,
+        chunked=trainer.chunked_logprob,
+        total=total,
+    )
     if not plan.fits():
         raise colocated_error(plan, cfg.trainer, cfg.inference)
     reporter.say(f"one GPU for the trainer and vLLM: {plan.describe()}")
@@ -408,8 +492,7 @@ class _EngineSleep:
         await self.engine.wake_up()
 
 
-def _on_step(out: _RunOutput, display: Any,
-             periodic: PeriodicEval) -> Callable[[StepRecord], None]:  # fmt: skip
+def _on_step(out: _RunOutput, display: Any, periodic: PeriodicEval) -> Callable[[StepRecord], None]:
     """After each step: its row, health (stop_on), a plain line, an eval if due (eval.every)."""
     progress = out.config.log.progress
     plain = progress == "plain" or (progress == "auto" and display is None)
@@ -424,9 +507,15 @@ def _on_step(out: _RunOutput, display: Any,
     return on_step
 
 
-async def _evaluate_train_evaluate(out: _RunOutput, client: InferenceClient, trainer: Trainer,
-                                   loop: TrainLoop, store: EpisodeStore, result: TrainResult,
-                                   periodic: PeriodicEval) -> None:  # fmt: skip
+async def _evaluate_train_evaluate(
+    out: _RunOutput,
+    client: InferenceClient,
+    trainer: Trainer,
+    loop: TrainLoop,
+    store: EpisodeStore,
+    result: TrainResult,
+    periodic: PeriodicEval,
+) -> None:
     """Evaluate (on a fresh run), train to ``train.steps`` (evaluating beside it every
     ``eval.every`` steps), save the model, evaluate."""
     from agentrl.trainer.checkpoint import save_checkpoint, save_model
@@ -455,19 +544,36 @@ def _pending_tasks(cfg: RunConfig, store: EpisodeStore) -> Iterator[Task]:
     from agentrl.rollout import tasks_for
 
     states = store.task_states()
-    return (t for t in tasks_for(cfg.env.id, None, first_seed=cfg.env.first_seed,
-                                 **cfg.env.kwargs)
-            if states.get(t.task_id, "pending") == "pending")  # fmt: skip
+    return (
+        t
+        for t in tasks_for(cfg.env.id, None, first_seed=cfg.env.first_seed, **cfg.env.kwargs)
+        if states.get(t.task_id, "pending") == "pending"
+    )
 
 
-async def _evaluate(out: _RunOutput, client: InferenceClient, trainer: Trainer, label: str, *,
-                    step: int | None = None, admission: asyncio.Event | None = None
-                    ) -> dict[str, Any]:  # fmt: skip
+async def _evaluate(
+    out: _RunOutput,
+    client: InferenceClient,
+    trainer: Trainer,
+    label: str,
+    *,
+    step: int | None = None,
+    admission: asyncio.Event | None = None,
+) -> dict[str, Any]:
     """Run one evaluation (:func:`agentrl.periodic_eval.evaluate`) and record its row."""
     step = trainer.step if step is None else step
-    summary = await evaluate(out.config, client, trainer.tokenizer, label, trainer.version,
-                             step=step, tracer=out.tracer, status=out.status,
-                             admission=admission, make=out.make)  # fmt: skip
+    summary = await evaluate(
+        out.config,
+        client,
+        trainer.tokenizer,
+        label,
+        trainer.version,
+        step=step,
+        tracer=out.tracer,
+        status=out.status,
+        admission=admission,
+        make=out.make,
+    )
     out.status.evaluated(summary)
     out.log.log(step, summary, kind="eval")
     out.reporter.say(eval_line(summary, tools=out.status.tools))
@@ -522,25 +628,34 @@ def lora_rank(config: RunConfig) -> int | None:
     return max(16, config.trainer.lora.r) if config.trainer.lora.enabled else None
 
 
-async def _start_inference(cfg: RunConfig, model_path: str, log_dir: Path,
-                           stack: contextlib.AsyncExitStack, reporter: Reporter
-                           ) -> tuple[InferenceClient, ServerPool | None]:  # fmt: skip
+async def _start_inference(
+    cfg: RunConfig,
+    model_path: str,
+    log_dir: Path,
+    stack: contextlib.AsyncExitStack,
+    reporter: Reporter,
+) -> tuple[InferenceClient, ServerPool | None]:
     """The inference client, entered in ``stack``: vLLM in this process, or the servers in
     inference.servers (or num_servers started here) behind one pool, returned again."""
     from agentrl.inference import ServerPool, VLLMEngineClient, VLLMServer
 
     i = cfg.inference
     if i.mode != "server":
-        engine = await VLLMEngineClient.start(model_path, i, seed=cfg.run.seed, log_dir=log_dir,
-                                              max_lora_rank=lora_rank(cfg))  # fmt: skip
+        engine = await VLLMEngineClient.start(
+            model_path, i, seed=cfg.run.seed, log_dir=log_dir, max_lora_rank=lora_rank(cfg)
+        )
         return await stack.enter_async_context(engine), None
     urls, managed = list(i.servers), {}
     if not urls:
         started = await asyncio.gather(
-            *(VLLMServer.start(model_path, i, seed=cfg.run.seed, max_lora_rank=lora_rank(cfg),
-                               log_dir=log_dir) for _ in range(i.num_servers)),
+            *(
+                VLLMServer.start(
+                    model_path, i, seed=cfg.run.seed, max_lora_rank=lora_rank(cfg), log_dir=log_dir
+                )
+                for _ in range(i.num_servers)
+            ),
             return_exceptions=True,
-        )  # fmt: skip
+        )
         for server in started:
             if isinstance(server, VLLMServer):
                 stack.push_async_callback(server.stop)
@@ -550,9 +665,14 @@ async def _start_inference(cfg: RunConfig, model_path: str, log_dir: Path,
             raise errors[0]
         urls = list(managed)
         reporter.say(f"started {len(urls)} vllm serve process(es): {', '.join(urls)}")
-    pool = ServerPool(urls, i, managed=managed, health_interval_s=i.health_interval_s,
-                      reconnect_timeout_s=i.reconnect_timeout_s,
-                      max_restarts=i.max_restarts)  # fmt: skip
+    pool = ServerPool(
+        urls,
+        i,
+        managed=managed,
+        health_interval_s=i.health_interval_s,
+        reconnect_timeout_s=i.reconnect_timeout_s,
+        max_restarts=i.max_restarts,
+    )
     return await stack.enter_async_context(pool), pool
 
 

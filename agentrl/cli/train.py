@@ -13,8 +13,8 @@ from agentrl.errors import AgentRLError
 
 
 def _train(args: argparse.Namespace, extra: list[str]) -> int:
-    from agentrl.lifecycle import Stopped, ensure_reaper, run_stoppable
     from agentrl.run import explain_failure, prepare, train
+    from agentrl.runtime.stopping import Stopped, ensure_reaper, run_stoppable
     from agentrl.status import Reporter
     from agentrl.trainer.distributed import launched_rank
 
@@ -42,11 +42,16 @@ def _train(args: argparse.Namespace, extra: list[str]) -> int:
     released = False  # the rank actors, if any: rank 0 lets them go when its run ends
     try:
         result = run_stoppable(
-            train(cfg, run_dir, resume=args.resume is not None, accelerator=accelerator,
-                  reporter=reporter),
+            train(
+                cfg,
+                run_dir,
+                resume=args.resume is not None,
+                accelerator=accelerator,
+                reporter=reporter,
+            ),
             grace_s=cfg.run.stop_grace_s,
             on_hard_stop=lambda why: print(resume_hint, file=sys.stderr),
-        )  # fmt: skip
+        )
         released = True
     except KeyboardInterrupt as e:
         print(f"{e if isinstance(e, Stopped) else 'interrupted'}; {resume_hint}", file=sys.stderr)
@@ -80,8 +85,10 @@ def _audit(args: argparse.Namespace, extra: list[str]) -> int:
         eps = ", ".join(f"{n} {s}" for s, n in sorted(report["episodes_by_state"].items()))
         print(f"store: integrity {integrity}; {report['tasks']} tasks ({states})")
         print(f"episodes: {eps or 'none'}; {report['partials']} paused with a checkpoint")
-        print(f"trained: {report['trained_tasks']} tasks in steps 1..{report['consumed_steps']}; "
-              f"resumable: {report['resumable_tasks']} tasks")  # fmt: skip
+        print(
+            f"trained: {report['trained_tasks']} tasks in steps 1..{report['consumed_steps']}; "
+            f"resumable: {report['resumable_tasks']} tasks"
+        )
         for key in ("lost", "trained_twice"):
             print(f"{key.replace('_', ' ')}: {len(report[key])}")
             for line in report[key][:20]:
@@ -97,14 +104,19 @@ def _serve(args: argparse.Namespace, extra: list[str]) -> int:
     from agentrl.run import lora_rank
 
     cfg = RunConfig.load(args.config, extra)
-    command, env = server_command(resolve_model(cfg.model.path), cfg.inference, args.port,
-                                  args.host, seed=cfg.run.seed,
-                                  max_lora_rank=lora_rank(cfg))  # fmt: skip
+    command, env = server_command(
+        resolve_model(cfg.model.path),
+        cfg.inference,
+        args.port,
+        args.host,
+        seed=cfg.run.seed,
+        max_lora_rank=lora_rank(cfg),
+    )
     print(f"agentrl serve: {' '.join(command)}", flush=True)
     # vLLM handles SIGTERM itself (a graceful shutdown of its engine); the watchdog,
     # started before the exec, watches this PID (then vLLM's) and stops the engine
     # processes it leaves if it is SIGKILLed.
-    from agentrl.lifecycle import ensure_reaper
+    from agentrl.runtime.stopping import ensure_reaper
 
     ensure_reaper()
     os.execve(command[0], command, env)

@@ -37,11 +37,11 @@ from typing import Any
 from agentrl.cluster.ranks import actor_options
 from agentrl.config import ClusterConfig, ModelConfig, RolloutConfig
 from agentrl.errors import InfraError
-from agentrl.metrics import Metrics
 from agentrl.rollout.base import Runner
 from agentrl.rollout.wire import Channel, WorkerSpec
 from agentrl.rollout.worker_spawn import START_TIMEOUT_S, Worker, handshake, spawn_worker
 from agentrl.rollout.workers import open_runner
+from agentrl.runtime.metrics import Metrics
 from agentrl.types import PartialEpisode
 
 logger = logging.getLogger(__name__)

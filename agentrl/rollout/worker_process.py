@@ -26,7 +26,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from agentrl.errors import InfraError
-from agentrl.metrics import LoopLagMonitor, Metrics, tune_gc
 from agentrl.rollout.envside import sampled_tokens
 from agentrl.rollout.episode import EpisodeProgress, EpisodeState
 from agentrl.rollout.records import oldest_sampled_version
@@ -39,6 +38,7 @@ from agentrl.rollout.wire import (
     error_payload,
     generation_from,
 )
+from agentrl.runtime.metrics import LoopLagMonitor, Metrics, tune_gc
 from agentrl.store.schema import PartialRow, segment_columns
 from agentrl.types import PartialEpisode, RequestId, Task
 
@@ -52,8 +52,9 @@ loop's stay ``loop_lag_s``)."""
 class _ProxyClient:
     """The worker's inference client: every call goes to the main process's engine."""
 
-    def __init__(self, channel: Channel, max_model_len: int, version: int,
-                 live: dict[str, EpisodeProgress]) -> None:  # fmt: skip
+    def __init__(
+        self, channel: Channel, max_model_len: int, version: int, live: dict[str, EpisodeProgress]
+    ) -> None:
         from agentrl.inference.base import InflightRequests
 
         self._channel = channel
@@ -145,13 +146,15 @@ class _WorkerEpisodeRunner(EpisodeRunner):
             snapshot = None
         oldest = oldest_sampled_version(ep.conversation)
         prefix = len(ep.conversation or ())
-        self.channel.send(("parked", ep.episode_id, self.epoch, snapshot, oldest, prefix,
-                           sampled_tokens(ep)))  # fmt: skip
+        self.channel.send(
+            ("parked", ep.episode_id, self.epoch, snapshot, oldest, prefix, sampled_tokens(ep))
+        )
         await super()._park(ep)
 
 
-def _drain_metrics(metrics: Metrics) -> tuple[dict[str, float], dict[str, float],
-                                              dict[str, list[float]]]:  # fmt: skip
+def _drain_metrics(
+    metrics: Metrics,
+) -> tuple[dict[str, float], dict[str, float], dict[str, list[float]]]:
     counters = dict(metrics.counters)
     samples = {k: list(v) for k, v in metrics.samples.items() if v}
     metrics.counters.clear()
@@ -174,9 +177,14 @@ class _Service:
         live: dict[str, EpisodeProgress] = {}
         self.proxy = _ProxyClient(channel, spec.max_model_len, spec.version, live)
         self.runner = _WorkerEpisodeRunner(
-            self.proxy, spec.tokenizer, spec.rollout, metrics=self.metrics, admission=self.gate,  # type: ignore[arg-type]
-            checkpoint=lambda p: channel.send(("partial", PartialRow.of(p))), chat=chat,
-        )  # fmt: skip
+            self.proxy,
+            spec.tokenizer,
+            spec.rollout,
+            metrics=self.metrics,
+            admission=self.gate,  # type: ignore[arg-type]
+            checkpoint=lambda p: channel.send(("partial", PartialRow.of(p))),
+            chat=chat,
+        )
         self.runner.live = live
         self.runner.channel = channel
         self.tasks: dict[int, asyncio.Task[None]] = {}

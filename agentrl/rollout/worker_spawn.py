@@ -62,11 +62,18 @@ async def spawn_worker(spec: WorkerSpec, event_loop: str, workers: list[Worker])
     up_r, up_w = os.pipe()  # worker -> main
     try:
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-P", "-m", "agentrl.rollout.worker_process",
-            str(down_r), str(up_w), event_loop,
-            pass_fds=(down_r, up_w), stdin=asyncio.subprocess.DEVNULL, env=worker_env(),
+            sys.executable,
+            "-P",
+            "-m",
+            "agentrl.rollout.worker_process",
+            str(down_r),
+            str(up_w),
+            event_loop,
+            pass_fds=(down_r, up_w),
+            stdin=asyncio.subprocess.DEVNULL,
+            env=worker_env(),
             start_new_session=True,  # Ctrl-C reaches this process, which stops them
-        )  # fmt: skip
+        )
     finally:
         os.close(down_r)
         os.close(up_w)

@@ -46,10 +46,8 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from agentrl.background import BackgroundTasks
 from agentrl.config import ModelConfig, RolloutConfig
 from agentrl.errors import ConfigError, InfraError
-from agentrl.metrics import Metrics
 from agentrl.rollout.base import Runner
 from agentrl.rollout.episode import EpisodeProgress
 from agentrl.rollout.runner import EpisodeRunner
@@ -61,8 +59,10 @@ from agentrl.rollout.wire import (
     generation_values,
 )
 from agentrl.rollout.worker_spawn import Worker, spawn_worker
+from agentrl.runtime.background import BackgroundTasks
+from agentrl.runtime.metrics import Metrics
+from agentrl.runtime.tracing import ROLLOUT, EpisodeTrace
 from agentrl.store.schema import encoded
-from agentrl.trace import ROLLOUT, EpisodeTrace
 from agentrl.types import PartialEpisode, Task, Trajectory
 
 logger = logging.getLogger(__name__)
@@ -207,9 +207,16 @@ class WorkerRunner:
             raise
 
     async def _spawn(self, index: int) -> None:
-        spec = WorkerSpec(index, self.tokenizer, self.config, self.model, self.imports,
-                          tuple(sys.path), self.client.max_model_len,
-                          self.client.version)  # fmt: skip
+        spec = WorkerSpec(
+            index,
+            self.tokenizer,
+            self.config,
+            self.model,
+            self.imports,
+            tuple(sys.path),
+            self.client.max_model_len,
+            self.client.version,
+        )
         worker = await self.spawn(spec, self.config.worker_event_loop, self._workers)
         worker.reader = self._background.start(self._read(worker), name=f"rollout-worker-{index}")
 
@@ -262,12 +269,15 @@ class WorkerRunner:
 
     async def resume(self, partial: PartialEpisode) -> list[Trajectory]:
         return await self._dispatch(
-            ("resume", partial, self.client.version), partial.episode_id,
-            partial.task.env_id, partial.started_version,
-        )  # fmt: skip
+            ("resume", partial, self.client.version),
+            partial.episode_id,
+            partial.task.env_id,
+            partial.started_version,
+        )
 
-    async def _dispatch(self, what: tuple[Any, ...], episode_id: str, env_id: str,
-                        version: int) -> list[Trajectory]:  # fmt: skip
+    async def _dispatch(
+        self, what: tuple[Any, ...], episode_id: str, env_id: str, version: int
+    ) -> list[Trajectory]:
         self._background.check()
         if not self._workers:
             raise InfraError("the rollout workers are not running (use `async with`)")
@@ -278,8 +288,9 @@ class WorkerRunner:
         future: asyncio.Future[list[Trajectory]] = asyncio.get_running_loop().create_future()
         self._results[key] = future
         worker.running[key] = episode_id
-        progress = self.live[episode_id] = EpisodeProgress(episode_id, env_id,
-                                                           started_version=version)  # fmt: skip
+        progress = self.live[episode_id] = EpisodeProgress(
+            episode_id, env_id, started_version=version
+        )
         if self.tracer is not None and self.tracer.enabled:
             progress.trace = EpisodeTrace(self.tracer, episode_id, ROLLOUT)
             progress.set_phase(progress.phase)
@@ -369,11 +380,13 @@ class WorkerRunner:
         if self._closing:
             return
         code = await worker.process.wait()
-        self._background.fail(InfraError(
-            f"rollout worker {worker.index} (pid {worker.process.pid}) died with exit code "
-            f"{code}; the run stops here (groups already completed were handed on and are "
-            "kept; unfinished episodes resume from their checkpoints with --resume)"
-        ))  # fmt: skip
+        self._background.fail(
+            InfraError(
+                f"rollout worker {worker.index} (pid {worker.process.pid}) died with exit code "
+                f"{code}; the run stops here (groups already completed were handed on and are "
+                "kept; unfinished episodes resume from their checkpoints with --resume)"
+            )
+        )
 
     def _fail(self, failure: BaseException) -> None:
         """The first failure: every episode waiting on a worker fails with it."""
@@ -435,8 +448,15 @@ class WorkerRunner:
             else:
                 future.cancel()
 
-    async def _generate(self, worker: Worker, n: int, prompt: list[int], sampling: bytes,
-                        request_id: str, progress: EpisodeProgress | None) -> None:  # fmt: skip
+    async def _generate(
+        self,
+        worker: Worker,
+        n: int,
+        prompt: list[int],
+        sampling: bytes,
+        request_id: str,
+        progress: EpisodeProgress | None,
+    ) -> None:
         try:
             if not self.admission.is_set():  # sent before the worker saw the gate close
                 await self.admission.wait()
@@ -454,8 +474,9 @@ class WorkerRunner:
             self._generations.pop((worker.index, n), None)
         worker.channel.send(("gen", n, result, self.client.version))
 
-    def _merge(self, metrics: tuple[dict[str, float], dict[str, float],
-                                    dict[str, list[float]]]) -> None:  # fmt: skip
+    def _merge(
+        self, metrics: tuple[dict[str, float], dict[str, float], dict[str, list[float]]]
+    ) -> None:
         counters, gauges, samples = metrics
         self.metrics.counters.update(counters)
         self.metrics.gauges.update(gauges)
@@ -487,14 +508,30 @@ async def open_runner(
 
     if config.workers == 1:
         extra = {"make": make} if make is not None else {}
-        return EpisodeRunner(client, tokenizer, config, metrics=metrics, checkpoint=checkpoint,
-                             tracer=tracer, chat=resolve_chat_format(tokenizer, model),
-                             **extra)  # fmt: skip
+        return EpisodeRunner(
+            client,
+            tokenizer,
+            config,
+            metrics=metrics,
+            checkpoint=checkpoint,
+            tracer=tracer,
+            chat=resolve_chat_format(tokenizer, model),
+            **extra,
+        )
     if make is not None:
         raise ConfigError(
             f"rollout.workers = {config.workers} with envs on env servers (env.url/urls): the "
             "env servers already run the envs in their own processes; set rollout.workers = 1"
         )
-    runner = WorkerRunner(client, tokenizer, config, metrics=metrics, checkpoint=checkpoint,
-                          model=model, imports=imports, tracer=tracer, spawn=spawn)  # fmt: skip
+    runner = WorkerRunner(
+        client,
+        tokenizer,
+        config,
+        metrics=metrics,
+        checkpoint=checkpoint,
+        model=model,
+        imports=imports,
+        tracer=tracer,
+        spawn=spawn,
+    )
     return await stack.enter_async_context(runner)

@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from agentrl.runtime.metrics import Metrics
 
 from agentrl.cluster.workers import ActorProcess, actor_spawner
 from agentrl.config import ClusterConfig, ModelConfig
 from agentrl.errors import InfraError
-from agentrl.metrics import Metrics
 from agentrl.queue import TrajectoryQueue
 from agentrl.rollout import RolloutConfig, Scheduler, tasks_for
 from agentrl.rollout.workers import WorkerRunner, open_runner
