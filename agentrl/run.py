@@ -179,10 +179,10 @@ async def _train(
 ) -> None:
     """Build the components (the architecture diagram, left to right) and run them."""
     from agentrl.cluster.start import start_cluster
+    from agentrl.cluster.workers import open_cluster_runner as open_runner
     from agentrl.queue import TrajectoryQueue
     from agentrl.rollout import Scheduler
     from agentrl.rollout.controller import RolloutController
-    from agentrl.rollout.workers import open_runner
     from agentrl.store import StoreWriter
     from agentrl.trainer.loop import TrainLoop
     from agentrl.trainer.publish import WeightPublisher
@@ -205,6 +205,7 @@ async def _train(
             client,
             trainer.tokenizer,
             cfg.rollout,
+            cluster=cfg.cluster,
             model=cfg.model,
             imports=cfg.env.imports,
             metrics=status.metrics,

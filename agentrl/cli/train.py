@@ -21,6 +21,12 @@ def _train(args: argparse.Namespace, extra: list[str]) -> int:
     overrides = _checked_overrides(extra)
     rank, world = launched_rank()
     accelerator = None
+    ranks = None
+    if world == 1:  # on a Ray cluster this process may become rank 0 of several
+        from agentrl.cluster.ranks import cluster_ranks
+
+        if (ranks := cluster_ranks(args.config, overrides, resume=args.resume)) is not None:
+            rank, world = launched_rank()
     if world > 1:
         from agentrl.trainer.distributed import follow_run, launched_config, start_distributed
 
@@ -33,6 +39,7 @@ def _train(args: argparse.Namespace, extra: list[str]) -> int:
     cfg, run_dir = prepare(args.config, overrides, resume=args.resume, reporter=reporter)
     ensure_reaper()  # nothing this run starts outlives it, even if it is SIGKILLed
     resume_hint = f"continue with: agentrl train --resume {run_dir}"
+    released = False  # the rank actors, if any: rank 0 lets them go when its run ends
     try:
         result = run_stoppable(
             train(
@@ -45,6 +52,7 @@ def _train(args: argparse.Namespace, extra: list[str]) -> int:
             grace_s=cfg.run.stop_grace_s,
             on_hard_stop=lambda why: print(resume_hint, file=sys.stderr),
         )
+        released = True
     except KeyboardInterrupt as e:
         print(f"{e if isinstance(e, Stopped) else 'interrupted'}; {resume_hint}", file=sys.stderr)
         return e.exit_code if isinstance(e, Stopped) else 130
@@ -53,6 +61,9 @@ def _train(args: argparse.Namespace, extra: list[str]) -> int:
         if cause is e and not isinstance(e, AgentRLError):
             raise
         raise cause from e
+    finally:
+        if ranks is not None:
+            ranks.close(released=released)
     print(
         f"done: {result.steps} steps in {result.wall_s:.0f} s; run directory {run_dir} "
         f"(agentrl top {run_dir}, agentrl replay {run_dir}, plots in {run_dir}/plots)"

@@ -13,6 +13,10 @@ The core never imports Ray; only this package does, and only inside its function
   server runs now).
 * :mod:`agentrl.cluster.start`: what ``agentrl train`` calls: start the services and hand
   their URLs to the run as if ``inference.servers`` / ``env.urls`` listed them.
+* :mod:`agentrl.cluster.ranks`: trainer ranks other than 0 as Ray actors (the process
+  that runs ``agentrl train`` is rank 0).
+* :mod:`agentrl.cluster.workers`: rollout workers as Ray actors, driven over TCP by the
+  same ``WorkerRunner`` that drives local worker processes.
 
 The scheduler, the episode store and the exactly-once accounting stay in the process
 that runs ``agentrl train``. docs/guides/ray.md is the user's guide.

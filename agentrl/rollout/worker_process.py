@@ -255,9 +255,14 @@ class _Service:
 
 
 async def _serve(read_fd: int, write_fd: int) -> None:
+    await serve(await Channel.open(read_fd, write_fd))
+
+
+async def serve(channel: Channel) -> None:
+    """Be a worker on ``channel`` (pipes here; a TCP connection for a worker that is a
+    Ray actor, :mod:`agentrl.cluster.workers`) until the main process says stop or goes."""
     from agentrl.env import import_env_modules, load_env_plugins
 
-    channel = await Channel.open(read_fd, write_fd)
     kind, spec = await channel.recv()
     assert kind == "init", kind
     for p in reversed(spec.sys_path):
@@ -288,7 +293,7 @@ def _worker_main(argv: list[str]) -> None:
     # agentrl's warnings (an env that does not replay, ...) and everyone's errors
     logging.basicConfig(level=logging.ERROR, format="rollout worker: %(levelname)s %(message)s")
     logging.getLogger("agentrl").setLevel(logging.WARNING)
-    with asyncio.Runner(loop_factory=_loop_factory(event_loop)) as runner:
+    with asyncio.Runner(loop_factory=loop_factory(event_loop)) as runner:
         runner.run(_serve(read_fd, write_fd))
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -300,7 +305,7 @@ def _worker_main(argv: list[str]) -> None:
     os._exit(0)
 
 
-def _loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
     """The event loop ``rollout.worker_event_loop`` names (None: asyncio's own)."""
     if name == "uvloop":
         import uvloop

@@ -77,9 +77,19 @@ async def spawn_worker(spec: WorkerSpec, event_loop: str, workers: list[Worker])
     finally:
         os.close(down_r)
         os.close(up_w)
-    channel = await Channel.open(up_r, down_w)
-    worker = Worker(index, process, channel)
+    worker = Worker(index, process, await Channel.open(up_r, down_w))
     workers.append(worker)
+    return await handshake(worker, spec)
+
+
+async def handshake(worker: Worker, spec: WorkerSpec) -> Worker:
+    """Send a started worker its spec and wait until it is ready (also for workers
+    started elsewhere: :mod:`agentrl.cluster.workers`).
+
+    Raises:
+        InfraError: the worker exited, or did not start within ``START_TIMEOUT_S``.
+    """
+    index, process, channel = spec.index, worker.process, worker.channel
     channel.send(("init", spec))
     try:
         async with asyncio.timeout(START_TIMEOUT_S):

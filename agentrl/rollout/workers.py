@@ -43,7 +43,7 @@ import itertools
 import logging
 import pickle
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from agentrl.config import ModelConfig, RolloutConfig
@@ -126,6 +126,7 @@ class WorkerRunner:
         tracer: where each episode's phases go, as this process sees them: ``engine``
             while a generation runs, ``paused`` while parked for a weight update, and
             ``env`` between generations (the worker's env, tool and template work).
+        spawn: starts one worker: a local process, or a Ray actor (agentrl.cluster.workers).
     """
 
     def __init__(
@@ -139,6 +140,7 @@ class WorkerRunner:
         model: ModelConfig | None = None,
         imports: Sequence[str] = (),
         tracer: Any = None,
+        spawn: Callable[..., Awaitable[Worker]] = spawn_worker,
     ) -> None:
         if config.workers < 2:
             raise ConfigError(
@@ -152,7 +154,7 @@ class WorkerRunner:
         self.checkpoint = checkpoint
         self.model = model
         self.imports = tuple(imports)
-        self.tracer = tracer
+        self.tracer, self.spawn = tracer, spawn
         self.live: dict[str, EpisodeProgress] = {}
         self._workers: list[Worker] = []
         self._keys = itertools.count()
@@ -215,7 +217,7 @@ class WorkerRunner:
             self.client.max_model_len,
             self.client.version,
         )
-        worker = await spawn_worker(spec, self.config.worker_event_loop, self._workers)
+        worker = await self.spawn(spec, self.config.worker_event_loop, self._workers)
         worker.reader = self._background.start(self._read(worker), name=f"rollout-worker-{index}")
 
     async def close(self) -> None:
@@ -494,6 +496,7 @@ async def open_runner(
     checkpoint: Callable[[PartialEpisode], Any] | None = None,
     tracer: Any = None,
     make: Callable[..., Any] | None = None,
+    spawn: Callable[..., Awaitable[Worker]] = spawn_worker,
 ) -> Runner:
     """The runner of a run: an :class:`EpisodeRunner` when ``config.workers`` is 1, else a
     started :class:`WorkerRunner` (closed by ``stack``).
@@ -529,5 +532,6 @@ async def open_runner(
         model=model,
         imports=imports,
         tracer=tracer,
+        spawn=spawn,
     )
     return await stack.enter_async_context(runner)

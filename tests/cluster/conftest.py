@@ -62,3 +62,25 @@ def ray_cluster() -> Iterator[RayTestCluster]:
         yield tc
     finally:
         stop_cluster(tc)
+
+
+@pytest.fixture(scope="module")
+def head_and_node2() -> Iterator[Any]:
+    """A started two-node cluster whose head takes work too: the head offers
+    ``{head: 1}``, the second node ``{node2: 1}`` (one CPU each), so a piece that asks for
+    one of them lands on that node; the trainer-rank and worker tests connect with
+    ``ray.init(address=cluster.address)``. Shut down when the module's tests are done."""
+    from ray.cluster_utils import Cluster
+
+    args = {
+        "num_cpus": 1,
+        "include_dashboard": False,
+        "object_store_memory": 80 * 2**20,
+    }
+    cluster = Cluster(initialize_head=True, head_node_args={**args, "resources": {"head": 1}})
+    try:
+        cluster.add_node(**args, resources={"node2": 1})
+        cluster.wait_for_nodes()
+        yield cluster
+    finally:
+        cluster.shutdown()
