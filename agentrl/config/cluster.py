@@ -47,8 +47,8 @@ class ClusterConfig:
     trainer_resources: dict[str, float] = dataclasses.field(default_factory=dict)
     """Ray resources one trainer rank other than 0 needs, e.g. {GPU = 1} (default {CPU = 1})."""
     max_restarts: int = 3
-    """How many times Ray restarts a dead server or worker actor before the run stops
-    with a resume command."""
+    """How many times Ray restarts a dead inference or env server actor before the pool
+    gives up on it (a dead rollout-worker or trainer-rank actor stops the run resumably)."""
 
     def __post_init__(self) -> None:
         for name in ("inference_servers", "env_servers", "max_restarts"):
