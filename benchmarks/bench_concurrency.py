@@ -182,30 +182,8 @@ def _say(row: dict) -> None:
     )
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="tiny")
-    parser.add_argument("--levels", default="1,16,64,256,1024,4096")
-    parser.add_argument("--min-episodes", type=int, default=64)
-    parser.add_argument("--turns", type=int, default=3)
-    parser.add_argument("--tokens", type=int, default=16)
-    parser.add_argument(
-        "--workers",
-        default="2",
-        help="also run the --worker-levels through this many rollout worker "
-        "processes (comma-separated; '' for none)",
-    )
-    parser.add_argument("--worker-levels", default="1024,4096")
-    args = parser.parse_args(argv)
-    args.levels = [int(x) for x in str(args.levels).split(",")]
-    args.workers = [int(x) for x in str(args.workers).split(",") if x.strip()]
-    args.worker_levels = [int(x) for x in str(args.worker_levels).split(",") if x.strip()]
-    print(
-        f"concurrency sweep: levels {args.levels}, {args.turns} turns x {args.tokens} tokens, "
-        f"env step {STEP_S * 1000:.0f} ms",
-        flush=True,
-    )
-    rows = asyncio.run(main_async(args))
+def _report(rows: list[dict]) -> str:
+    """The Markdown of the sweep: the table per level, the loop-lag target, memory."""
     md = "### Concurrency sweep (env step waits 50 ms)\n\n" + table(
         [
             "episodes at once",
@@ -264,6 +242,34 @@ def main(argv: list[str] | None = None) -> dict:
         f"\n\nPeak RSS of the rollout process with {top['concurrency']} episodes at once: "
         f"{top['peak_rss_mib']:.0f} MiB."
     )
+    return md
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--levels", default="1,16,64,256,1024,4096")
+    parser.add_argument("--min-episodes", type=int, default=64)
+    parser.add_argument("--turns", type=int, default=3)
+    parser.add_argument("--tokens", type=int, default=16)
+    parser.add_argument(
+        "--workers",
+        default="2",
+        help="also run the --worker-levels through this many rollout worker "
+        "processes (comma-separated; '' for none)",
+    )
+    parser.add_argument("--worker-levels", default="1024,4096")
+    args = parser.parse_args(argv)
+    args.levels = [int(x) for x in str(args.levels).split(",")]
+    args.workers = [int(x) for x in str(args.workers).split(",") if x.strip()]
+    args.worker_levels = [int(x) for x in str(args.worker_levels).split(",") if x.strip()]
+    print(
+        f"concurrency sweep: levels {args.levels}, {args.turns} turns x {args.tokens} tokens, "
+        f"env step {STEP_S * 1000:.0f} ms",
+        flush=True,
+    )
+    rows = asyncio.run(main_async(args))
+    md = _report(rows)
     print(md, flush=True)
     result = {"levels": rows}
     save("concurrency", vars(args), result, md)

@@ -138,6 +138,32 @@ class Burner:
         await asyncio.to_thread(self._thread.join)
 
 
+def _check_timing(
+    timing: list[list[float]] | None, episodes: int, turns: int, other_pacing: bool
+) -> None:
+    """``timing`` (see :func:`raw_round`) comes alone, with ``turns`` delays per episode."""
+    if timing is not None and other_pacing:
+        raise ValueError("timing replaces spread_s, gap_s and slots; give it alone")
+    if timing is not None and (len(timing) != episodes or any(len(t) != turns for t in timing)):
+        raise ValueError(f"timing needs {turns} delays for each of the {episodes} episodes")
+
+
+def _raw_params(tokens: int):
+    """The raw path's sampling: ``tokens`` tokens, one logprob each, token deltas, no text."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return SamplingParams(
+        n=1,
+        max_tokens=tokens,
+        temperature=1.0,
+        ignore_eos=True,
+        logprobs=0,
+        detokenize=False,
+        output_kind=RequestOutputKind.DELTA,
+    )
+
+
 async def raw_round(
     client,
     prompts: list[list[int]],
@@ -164,24 +190,11 @@ async def raw_round(
     ``timing[i][0]`` seconds after the round's start and waits ``timing[i][t]``, idle,
     after turn t - 1 before the next: another path's request timing, replayed without
     its CPU."""
-    if timing is not None and (spread_s or gap_s or slots):
-        raise ValueError("timing replaces spread_s, gap_s and slots; give it alone")
-    if timing is not None and (len(timing) != len(prompts) or any(len(t) != turns for t in timing)):
-        raise ValueError(f"timing needs {turns} delays for each of the {len(prompts)} episodes")
-    from vllm import SamplingParams
+    _check_timing(timing, len(prompts), turns, bool(spread_s or gap_s or slots))
     from vllm.inputs.engine import tokens_input
-    from vllm.sampling_params import RequestOutputKind
 
     engine = client._engine
-    params = SamplingParams(
-        n=1,
-        max_tokens=tokens,
-        temperature=1.0,
-        ignore_eos=True,
-        logprobs=0,
-        detokenize=False,
-        output_kind=RequestOutputKind.DELTA,
-    )
+    params = _raw_params(tokens)
     sampled = 0
     burner = Burner(burn_us) if burn_us and in_thread else None
     room = asyncio.Semaphore(slots or len(prompts))  # FIFO: episodes start in order

@@ -1,22 +1,27 @@
 """The argument parsers of the ``agentrl`` commands, one function per command.
 
-Also the ``--section.key=value`` config overrides: :func:`_shortcut` makes a flag that
-sets one config key, :func:`_overrides` turns the overrides and those flags into the
-list :meth:`agentrl.config.RunConfig.load` reads. The commands themselves live in the
-sibling modules; :mod:`agentrl.cli` pairs each parser with its command.
+The commands that read a run's folder have theirs in :mod:`agentrl.cli.run_parsers`;
+the shared flags and the ``--section.key=value`` config overrides (:func:`_shortcut`,
+:func:`_overrides`) are in :mod:`agentrl.cli.flags`. This module re-exports both. The
+commands themselves live in the sibling modules; :mod:`agentrl.cli` pairs each parser
+with its command.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, TypeAlias
 
-if TYPE_CHECKING:
-    Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
-else:
-    Subparsers = Any
+from agentrl.cli.flags import Subparsers as Subparsers
+from agentrl.cli.flags import _checked_overrides as _checked_overrides
+from agentrl.cli.flags import _import_flag, _shortcut
+from agentrl.cli.flags import _overrides as _overrides
+from agentrl.cli.run_parsers import _audit_parser as _audit_parser
+from agentrl.cli.run_parsers import _export_parser as _export_parser
+from agentrl.cli.run_parsers import _plot_parser as _plot_parser
+from agentrl.cli.run_parsers import _replay_parser as _replay_parser
+from agentrl.cli.run_parsers import _scan_parser as _scan_parser
+from agentrl.cli.run_parsers import _top_parser as _top_parser
+from agentrl.cli.run_parsers import _view_parser as _view_parser
 
 
 def _demo_parser(commands: Subparsers) -> None:
@@ -260,261 +265,4 @@ def _serve_env_parser(commands: Subparsers) -> None:
         default=300.0,
         help="deadline for one tool call on the server (default 300; the "
         "trainer's rollout.tool_timeout_s applies too)",
-    )
-
-
-def _audit_parser(commands: Subparsers) -> None:
-    audit = commands.add_parser(
-        "audit",
-        help="account for every task of a run: finished, failed with a reason, or resumable; "
-        "exit 1 if anything was lost or trained twice",
-    )
-    audit.add_argument("run_dir")
-    audit.add_argument("--json", action="store_true", help="print the audit as JSON")
-
-
-def _top_parser(commands: Subparsers) -> None:
-    top_cmd = commands.add_parser("top", help="live view of a run (from another terminal)")
-    top_cmd.add_argument("run_dir")
-    top_cmd.add_argument("--once", action="store_true", help="print one view and exit")
-
-
-def _plot_parser(commands: Subparsers) -> None:
-    plot = commands.add_parser("plot", help="write the run's PNG plots from metrics.jsonl")
-    plot.add_argument("run_dir")
-
-
-def _replay_parser(commands: Subparsers) -> None:
-    replay = commands.add_parser(
-        "replay",
-        help="list, show, verify, resume, fork or export recorded episodes",
-        description="Without EPISODE: list the run's episodes (filters apply). With EPISODE: "
-        "show its transcript, or --verify / --resume / --fork-at it.",
-    )
-    replay.add_argument("run_dir", help="a run directory (holds episodes.db)")
-    replay.add_argument("episode", nargs="?", help="an episode id from the list")
-    replay.add_argument("--attempt", type=int, default=None, help="default: the latest")
-    replay.add_argument(
-        "--state",
-        action="append",
-        default=None,
-        help="filter: finished, truncated, failed, running, paused, retried, dropped (repeatable)",
-    )
-    replay.add_argument("--env", default=None, help="filter: env id")
-    replay.add_argument("--min-reward", type=float, default=None)
-    replay.add_argument("--max-reward", type=float, default=None)
-    replay.add_argument(
-        "--min-version-span",
-        type=int,
-        default=None,
-        help="filter: sampled tokens span at least this many versions",
-    )
-    replay.add_argument("--limit", type=int, default=None)
-    action = replay.add_mutually_exclusive_group()
-    action.add_argument(
-        "--verify",
-        action="store_true",
-        help="replay the env from the seed with the recorded actions",
-    )
-    action.add_argument(
-        "--resume",
-        action="store_true",
-        help="continue an unfinished episode; stored as a new episode",
-    )
-    action.add_argument(
-        "--fork-at",
-        type=int,
-        default=None,
-        metavar="TURN",
-        help="branch at assistant turn TURN; show both endings",
-    )
-    action.add_argument(
-        "--export",
-        default=None,
-        metavar="FILE.jsonl",
-        help="write the episode (or the filtered list) as JSONL",
-    )
-    replay.add_argument(
-        "--model",
-        default=None,
-        help="for --resume/--fork-at: 'tiny', a model folder or a hub name "
-        "(default: the policy that sampled the episode: its checkpoint, else "
-        "the run's final model)",
-    )
-    _import_flag(
-        replay,
-        "import this first (registers your env); the run's recorded env.imports are imported too",
-    )
-    replay.add_argument("--temperature", type=float, default=None)
-    replay.add_argument("--max-tokens", type=int, default=None, help="per assistant turn")
-
-
-def _scan_parser(commands: Subparsers) -> None:
-    scan = commands.add_parser(
-        "scan",
-        help="health rules over a run's metrics and detectors over its episodes (read-only)",
-        description="Replay the health rules over metrics.jsonl and run per-episode detectors "
-        "(repeated_text, reward_without_success, extreme_length, answer_leak, reward_jump) "
-        "over the episode store; list the flagged episodes with `agentrl replay` commands. "
-        "See docs/guides/health.md.",
-    )
-    scan.add_argument("run_dir", help="a run directory (holds episodes.db)")
-    scan.add_argument(
-        "--detector",
-        action="append",
-        default=None,
-        metavar="MODULE:FUNCTION",
-        help="also run this function (episode, context) -> reason or None; "
-        "MODULE may be a .py file (repeatable)",
-    )
-    scan.add_argument(
-        "--only",
-        action="append",
-        default=None,
-        metavar="NAME",
-        help="run only these built-in detectors (repeatable)",
-    )
-    scan.add_argument(
-        "--skip",
-        action="append",
-        default=None,
-        metavar="NAME",
-        help="leave out this built-in detector (repeatable)",
-    )
-    scan.add_argument("--limit", type=int, default=50, help="flagged episodes printed")
-    scan.add_argument("--json", action="store_true", help="print the report as JSON")
-
-
-def _export_parser(commands: Subparsers) -> None:
-    export = commands.add_parser(
-        "export",
-        help="write a run's episodes as an Inspect log, ATIF trajectories or JSONL",
-        description="Stream the run's episodes (the filters of `agentrl replay`) into a file "
-        "other tools read: --format inspect writes a folder of Inspect AI .eval logs "
-        "(`inspect view --log-dir` opens it), atif one ATIF trajectory per line with token "
-        "ids, logprobs and policy versions, jsonl agentrl's loss-free records. inspect and "
-        "atif need `pip install 'agentrl[export]'`.",
-    )
-    export.add_argument("run_dir", help="a run directory (holds episodes.db)")
-    export.add_argument("--format", required=True, choices=("inspect", "atif", "jsonl"))
-    export.add_argument(
-        "--out",
-        required=True,
-        metavar="PATH",
-        help="the file to write (inspect: a folder that gets RUN_NAME-0001.eval, "
-        "... a log per 1000 episodes); missing folders are created",
-    )
-    export.add_argument(
-        "--state",
-        action="append",
-        default=None,
-        help="filter: finished, truncated, failed, running, paused, retried, dropped (repeatable)",
-    )
-    export.add_argument("--env", default=None, help="filter: env id")
-    export.add_argument("--min-reward", type=float, default=None)
-    export.add_argument("--max-reward", type=float, default=None)
-    export.add_argument(
-        "--min-version-span",
-        type=int,
-        default=None,
-        help="filter: sampled tokens span at least this many versions",
-    )
-    export.add_argument(
-        "--limit",
-        type=int,
-        default=None,
-        help="at most this many episodes (in the order they started)",
-    )
-
-
-def _import_flag(parser: argparse.ArgumentParser, text: str) -> None:
-    """``--import MODULE_OR_FILE`` (repeatable): modules that register the user's envs."""
-    parser.add_argument(
-        "--import", dest="imports", action="append", default=[], metavar="MODULE_OR_FILE", help=text
-    )
-
-
-def _shortcut(parser: argparse.ArgumentParser, flag: str, key: str, kind: type, text: str) -> None:
-    """A flag that sets one config key; its default is the config tree's."""
-    from agentrl.config.reference import default_of
-
-    metavar = {int: "N", float: "X"}.get(kind, flag.lstrip("-").upper())  # not dest's KEY:...
-    parser.add_argument(
-        flag,
-        type=kind,
-        default=None,
-        dest=f"key:{key}",
-        metavar=metavar,
-        help=f"{text} (sets {key}; default {default_of(key)!r})",
-    )
-
-
-def _checked_overrides(extra: Sequence[str]) -> list[str]:
-    """The ``--section.key=value`` overrides, refusing anything else."""
-    from agentrl.errors import ConfigError
-
-    bad = [o for o in extra if not o.startswith("--") or "=" not in o]
-    if bad:
-        raise ConfigError(
-            f"unrecognized argument {bad[0]!r}; overrides look like --section.key=value"
-        )
-    return list(extra)
-
-
-def _overrides(args: argparse.Namespace, extra: Sequence[str]) -> list[str]:
-    """``--section.key=value`` overrides, then the shortcut flags given."""
-    flags = [
-        f"--{k[4:]}={json.dumps(v)}"
-        for k, v in vars(args).items()
-        if k.startswith("key:") and v is not None
-    ]
-    return [*_checked_overrides(extra), *flags]
-
-
-def _view_parser(commands: Subparsers) -> None:
-    view = commands.add_parser(
-        "view",
-        help="a web page of runs and episodes (local; read-only)",
-        description="Serve a web page of the runs under a folder (or one run directory): "
-        "metrics, episodes with filters, each episode's transcript and tokens coloured by "
-        "policy version, and in-flight episodes of a running train. Binds 127.0.0.1; "
-        "another --host needs the token printed in the URL. Never writes to the runs.",
-    )
-    view.add_argument(
-        "root",
-        nargs="?",
-        default="runs",
-        help="a run directory, or a folder of them (default: runs)",
-    )
-    view.add_argument("--port", type=int, default=0, help="port (default: a free one)")
-    view.add_argument(
-        "--host", default="127.0.0.1", help="address to bind; not loopback: a token is required"
-    )
-    view.add_argument("--no-browser", action="store_true", help="do not open a browser")
-    view.add_argument(
-        "--allow-fork",
-        action="store_true",
-        help="the page may start forks (`agentrl replay --fork-at`, an inference "
-        "engine each); a fork is stored in its run's episodes.db",
-    )
-    view.add_argument(
-        "--bundle",
-        default=None,
-        metavar="OUT",
-        help="write a static site to OUT/ (opens from disk)",
-    )
-    view.add_argument(
-        "--max-episodes",
-        type=int,
-        default=None,
-        help="with --bundle: at most this many per run (newest)",
-    )
-    view.add_argument(
-        "--where",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="with --bundle: only matching episodes (state, env, "
-        "min_reward, max_reward, min_version_span, failure, attempt, "
-        "origin); repeatable",
     )

@@ -16,7 +16,7 @@ isolation; ``fallback`` or ``process`` allow the weaker plain-process mode expli
 
 Modules: :mod:`.limits` (the values), :mod:`.isolation` (the command line per
 mechanism), :mod:`.runner` (choosing, running, deadlines), :mod:`.inside` (the program
-that seals the process inside). Standard library only.
+that seals the process inside), :mod:`.audit` (its audit hook). Standard library only.
 """
 
 from agentrl.sandbox.limits import (

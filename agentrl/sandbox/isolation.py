@@ -90,10 +90,19 @@ def site_packages() -> list[str]:
     return [p for p in site.getsitepackages() if os.path.isdir(p)]
 
 
+AUDIT_IMPORT = "from agentrl.sandbox.audit import install_audit_hook\n"
+
+
 @functools.cache
 def inside_source() -> str:
-    """The source of :mod:`agentrl.sandbox.inside`, run with ``python -c``."""
-    return (Path(__file__).parent / "inside.py").read_text()
+    """The source of :mod:`agentrl.sandbox.inside`, run with ``python -c``: one script, with
+    :mod:`agentrl.sandbox.audit`'s source in place of its import (agentrl is not importable
+    inside)."""
+    folder = Path(__file__).parent
+    inside, audit = (folder / "inside.py").read_text(), (folder / "audit.py").read_text()
+    if AUDIT_IMPORT not in inside:
+        raise RuntimeError(f"sandbox: inside.py lacks the line {AUDIT_IMPORT!r} to splice into")
+    return inside.replace(AUDIT_IMPORT, audit, 1)
 
 
 def environment(workdir: str) -> dict[str, str]:
