@@ -31,7 +31,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -39,7 +38,6 @@ from typing import TYPE_CHECKING, Any
 
 from agentrl.config import RunConfig
 from agentrl.env import import_env_modules, load_env_plugins
-from agentrl.errors import ConfigError
 from agentrl.evaluation import DURING, PeriodicEval, eval_line, evaluate
 from agentrl.monitor import MetricsLog, live_display, plain_line
 from agentrl.run_setup import (
@@ -49,13 +47,22 @@ from agentrl.run_setup import (
     init_run_dir,
     prepare,
 )
+from agentrl.run_start import (
+    EngineSleep,
+    lora_rank,
+    start_env_servers,
+    start_inference,
+    start_trainer,
+    weights_dir,
+)
 from agentrl.runtime.metrics import LoopLagMonitor, Metrics, tune_gc
 from agentrl.runtime.tracing import Tracer
 from agentrl.status import Reporter, RunStatus
 
 if TYPE_CHECKING:
     from agentrl.inference import InferenceClient, ServerPool
-    from agentrl.store import EpisodeStore
+    from agentrl.queue import TrajectoryQueue
+    from agentrl.store import EpisodeStore, StoreWriter
     from agentrl.trainer.loop import StepRecord, TrainLoop
     from agentrl.trainer.trainer import Trainer
     from agentrl.types import Task
@@ -178,83 +185,19 @@ async def _train(
     accelerator: Any,
 ) -> None:
     """Build the components (the architecture diagram, left to right) and run them."""
-    from agentrl.cluster.start import start_cluster
-    from agentrl.cluster.workers import open_cluster_runner as open_runner
-    from agentrl.queue import TrajectoryQueue
-    from agentrl.rollout import Scheduler
-    from agentrl.rollout.controller import RolloutController
-    from agentrl.store import StoreWriter
-    from agentrl.trainer.loop import TrainLoop
-    from agentrl.trainer.publish import WeightPublisher
-
-    cfg, status, tracer = out.config, out.status, out.tracer
     out.reporter.say(f"run directory: {out.run_dir}")
-    trainer = await _start_trainer(cfg, model_path, accelerator, resume, out.reporter, out.run_dir)
+    trainer = await start_trainer(
+        out.config, model_path, accelerator, resume, out.reporter, out.run_dir
+    )
     async with contextlib.AsyncExitStack() as stack:
         if trainer.recorder is not None:
             stack.callback(trainer.recorder.close)
-        cluster = await start_cluster(cfg, out.run_dir, stack, status=status, say=out.reporter.say)
-        out = dataclasses.replace(out, config=(cfg := cluster.config))
-        client, pool = await _start_inference(
-            cfg, model_path, out.run_dir / "logs", stack, out.reporter, cluster.managed
+        out, parts = await _start_rollout(out, model_path, trainer, store, stack)
+        loop, queue, periodic = await _build_loop(
+            out, parts, trainer, store, display, stack, resume=resume
         )
-        out = await _start_env_servers(out, stack)
-        writer = await stack.enter_async_context(StoreWriter(store))
-        runner = await open_runner(
-            stack,
-            client,
-            trainer.tokenizer,
-            cfg.rollout,
-            cluster=cfg.cluster,
-            model=cfg.model,
-            imports=cfg.env.imports,
-            metrics=status.metrics,
-            checkpoint=writer.partial,
-            tracer=tracer,
-            make=out.make,
-        )
-        controller = RolloutController(
-            runner,
-            writer=writer,
-            policy=cfg.rollout.update_policy,
-            max_staleness=cfg.rollout.max_staleness,
-            metrics=status.metrics,
-        )
-        queue = TrajectoryQueue(2 * cfg.train.groups_per_step)
-        scheduler = Scheduler(
-            runner,
-            queue,
-            cfg.rollout,
-            batch_size=cfg.batch_size(),
-            version=lambda: trainer.version,
-            metrics=status.metrics,
-            writer=writer,
-            resume=resume,
-        )
-        weights_dir = await asyncio.to_thread(_weights_dir, cfg.inference.weights_dir)
-        publisher = WeightPublisher(trainer, controller, directory=weights_dir)
-        stack.callback(publisher.close)
-
-        def beside(step: int) -> Awaitable[Any]:  # episodes wait at training's gate too
-            return _evaluate(out, client, trainer, DURING, step=step, admission=runner.admission)
-
-        periodic = await stack.enter_async_context(
-            PeriodicEval(cfg.eval.every, cfg.train.steps, beside)
-        )
-        loop = TrainLoop(
-            trainer,
-            publisher,
-            scheduler,
-            queue,
-            cfg.train,
-            store=store,
-            checkpoint_dir=out.run_dir / "checkpoints",
-            on_step=_on_step(out, display, periodic),
-            tracer=tracer,
-            group_size=cfg.rollout.group_size,
-            sleeper=_EngineSleep(client) if cfg.inference.sleep_during_train else None,
-        )
-        status.attach(trainer=trainer, runner=runner, queue=queue, loop=loop, pool=pool)
+        status = out.status
+        status.attach(trainer=trainer, runner=parts.runner, queue=queue, loop=loop, pool=parts.pool)
         tune_gc()
         if resume:
             step = await loop.restore()
@@ -266,7 +209,9 @@ async def _train(
             ticker = tg.create_task(status.ticker(display), name="status")
             lag = LoopLagMonitor(status.metrics).start()
             try:
-                await _evaluate_train_evaluate(out, client, trainer, loop, store, result, periodic)
+                await _evaluate_train_evaluate(
+                    out, parts.client, trainer, loop, store, result, periodic
+                )
             finally:
                 await lag.stop()
                 ticker.cancel()
@@ -274,111 +219,116 @@ async def _train(
         result.last = dict(status.last)
 
 
-async def _start_env_servers(out: _RunOutput, stack: contextlib.AsyncExitStack) -> _RunOutput:
-    """With ``[env] url``/``urls``: the env servers' pool, in ``stack``; ``out`` with its make."""
-    env = out.config.env
-    if not env.remote:
-        return out
-    from agentrl.remote import EnvServerPool
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Rollout:
+    """The rollout side of a run, started: inference, the store's writer, the runner."""
 
-    pool = await stack.enter_async_context(EnvServerPool.from_config(env))
-    up = [m["url"] for m in pool.describe() if m["up"]]
-    out.reporter.say(
-        f"env {env.id} on {len(up)} of {len(env.servers)} env server(s): "
-        f"{', '.join(up) or 'none up yet'}"
-    )
-    return dataclasses.replace(out, make=pool.make)
+    client: InferenceClient
+    pool: ServerPool | None
+    writer: StoreWriter
+    runner: Any
 
 
-async def _start_trainer(
-    cfg: RunConfig,
+async def _start_rollout(
+    out: _RunOutput,
     model_path: str,
-    accelerator: Any,
+    trainer: Trainer,
+    store: EpisodeStore,
+    stack: contextlib.AsyncExitStack,
+) -> tuple[_RunOutput, _Rollout]:
+    """The cluster (``[cluster]``), inference, env servers, the store's writer and the
+    episode runner, each in ``stack``; ``out`` with the cluster's config and the envs' make."""
+    from agentrl.cluster.start import start_cluster
+    from agentrl.cluster.workers import open_cluster_runner as open_runner
+    from agentrl.store import StoreWriter
+
+    cfg = out.config
+    cluster = await start_cluster(cfg, out.run_dir, stack, status=out.status, say=out.reporter.say)
+    out = dataclasses.replace(out, config=(cfg := cluster.config))
+    client, pool = await start_inference(
+        cfg, model_path, out.run_dir / "logs", stack, out.reporter, cluster.managed
+    )
+    make = await start_env_servers(cfg, stack, out.reporter)
+    if make is not None:
+        out = dataclasses.replace(out, make=make)
+    writer = await stack.enter_async_context(StoreWriter(store))
+    runner = await open_runner(
+        stack,
+        client,
+        trainer.tokenizer,
+        cfg.rollout,
+        cluster=cfg.cluster,
+        model=cfg.model,
+        imports=cfg.env.imports,
+        metrics=out.status.metrics,
+        checkpoint=writer.partial,
+        tracer=out.tracer,
+        make=out.make,
+    )
+    return out, _Rollout(client, pool, writer, runner)
+
+
+async def _build_loop(
+    out: _RunOutput,
+    parts: _Rollout,
+    trainer: Trainer,
+    store: EpisodeStore,
+    display: Any,
+    stack: contextlib.AsyncExitStack,
+    *,
     resume: bool,
-    reporter: Reporter,
-    run_dir: Path,
-) -> Trainer:
-    from agentrl.trainer.tokenrecord import TokenRecorder
-    from agentrl.trainer.trainer import Trainer
+) -> tuple[TrainLoop, TrajectoryQueue, PeriodicEval]:
+    """The weight controller, queue, scheduler, publisher and evaluation beside training,
+    and the training loop over them."""
+    from agentrl.queue import TrajectoryQueue
+    from agentrl.rollout import Scheduler
+    from agentrl.rollout.controller import RolloutController
+    from agentrl.trainer.loop import TrainLoop
+    from agentrl.trainer.publish import WeightPublisher
 
-    recorder = TokenRecorder(run_dir) if cfg.trainer.record_tokens else None
-    trainer = await asyncio.to_thread(
-        Trainer,
-        model_path,
-        cfg.trainer,
-        temperature=cfg.rollout.temperature,
-        seed=cfg.run.seed,
-        accelerator=accelerator,
-        recorder=recorder,
+    cfg, metrics, runner = out.config, out.status.metrics, parts.runner
+    controller = RolloutController(
+        runner,
+        writer=parts.writer,
+        policy=cfg.rollout.update_policy,
+        max_staleness=cfg.rollout.max_staleness,
+        metrics=metrics,
     )
-    reporter.say(trainer.placement())
-    for level, line in trainer.advice():
-        if level == "warning":
-            reporter.warn(line)
-        else:
-            reporter.say(f"note: {line}")
-    _check_colocated(cfg, trainer, reporter)
-    if trainer.world > 1:
-        reporter.say(
-            f"training on {trainer.world} processes "
-            f"({trainer.accelerator.distributed_type}); this is rank 0"
-        )
-    return trainer
-
-
-def _check_colocated(cfg: RunConfig, trainer: Trainer, reporter: Reporter) -> None:
-    """With the trainer on a GPU and vLLM in this process: check that both fit on it
-    (an estimate, :func:`agentrl.trainer.placement.colocated_plan`) before vLLM starts,
-    and say the budget.
-
-    Raises:
-        ConfigError: they do not fit (naming the settings that would), or
-            ``inference.sleep_during_train`` without a GPU trainer.
-    """
-    if trainer.device.type != "cuda":
-        if cfg.inference.sleep_during_train:
-            raise ConfigError(
-                "inference.sleep_during_train needs the trainer and vLLM on a GPU (vLLM's "
-                f"sleep mode); the trainer is on {trainer.device}"
-            )
-        return
-    if cfg.inference.mode != "engine":
-        return
-    import torch
-
-    from agentrl.trainer.placement import colocated_error, colocated_plan
-
-    total = torch.cuda.get_device_properties(trainer.device).total_memory
-    params = sum(p.numel() for p in trainer.unwrapped.parameters())
-    plan = colocated_plan(
-        trainer.unwrapped.config,
-        params,
-        cfg.trainer,
-        cfg.inference,
-        precision=trainer.precision,
-        chunked=trainer.chunked_logprob,
-        total=total,
+    queue = TrajectoryQueue(2 * cfg.train.groups_per_step)
+    scheduler = Scheduler(
+        runner,
+        queue,
+        cfg.rollout,
+        batch_size=cfg.batch_size(),
+        version=lambda: trainer.version,
+        metrics=metrics,
+        writer=parts.writer,
+        resume=resume,
     )
-    if not plan.fits():
-        raise colocated_error(plan, cfg.trainer, cfg.inference)
-    reporter.say(f"one GPU for the trainer and vLLM: {plan.describe()}")
+    directory = await asyncio.to_thread(weights_dir, cfg.inference.weights_dir)
+    publisher = WeightPublisher(trainer, controller, directory=directory)
+    stack.callback(publisher.close)
 
+    def beside(step: int) -> Awaitable[Any]:  # episodes wait at training's gate too
+        return _evaluate(out, parts.client, trainer, DURING, step=step, admission=runner.admission)
 
-class _EngineSleep:
-    """vLLM asleep during each train step (``inference.sleep_during_train``): level 1,
-    then the trainer's cached free blocks go back to the GPU before vLLM wakes."""
-
-    def __init__(self, engine: Any) -> None:
-        self.engine = engine
-
-    async def sleep(self) -> None:
-        await self.engine.sleep()
-
-    async def wake_up(self) -> None:
-        import torch
-
-        torch.cuda.empty_cache()
-        await self.engine.wake_up()
+    periodic = await stack.enter_async_context(
+        PeriodicEval(cfg.eval.every, cfg.train.steps, beside)
+    )
+    loop = TrainLoop(
+        trainer,
+        publisher,
+        scheduler,
+        queue,
+        cfg.train,
+        store=store,
+        checkpoint_dir=out.run_dir / "checkpoints",
+        on_step=_on_step(out, display, periodic),
+        tracer=out.tracer,
+        group_size=cfg.rollout.group_size,
+        sleeper=EngineSleep(parts.client) if cfg.inference.sleep_during_train else None,
+    )
+    return loop, queue, periodic
 
 
 def _on_step(out: _RunOutput, display: Any, periodic: PeriodicEval) -> Callable[[StepRecord], None]:
@@ -478,65 +428,3 @@ def _close(out: _RunOutput, store: EpisodeStore) -> None:
         from agentrl.plots import write_plots_at_end
 
         write_plots_at_end(out.run_dir)
-
-
-def lora_rank(config: RunConfig) -> int | None:
-    """The adapter rank vLLM must accept: None without LoRA (at least 16, vLLM's floor)."""
-    return max(16, config.trainer.lora.r) if config.trainer.lora.enabled else None
-
-
-async def _start_inference(
-    cfg: RunConfig,
-    model_path: str,
-    log_dir: Path,
-    stack: contextlib.AsyncExitStack,
-    reporter: Reporter,
-    managed: Any,
-) -> tuple[InferenceClient, ServerPool | None]:
-    """The inference client, entered in ``stack``: vLLM in this process, or the servers in
-    inference.servers (num_servers started here, or ``managed`` by the cluster) in one pool."""
-    from agentrl.inference import ServerPool, VLLMEngineClient, VLLMServer
-
-    i = cfg.inference
-    if i.mode != "server":
-        engine = await VLLMEngineClient.start(
-            model_path, i, seed=cfg.run.seed, log_dir=log_dir, max_lora_rank=lora_rank(cfg)
-        )
-        return await stack.enter_async_context(engine), None
-    urls, managed = list(i.servers), dict(managed)
-    if not urls:
-        started = await asyncio.gather(
-            *(
-                VLLMServer.start(
-                    model_path, i, seed=cfg.run.seed, max_lora_rank=lora_rank(cfg), log_dir=log_dir
-                )
-                for _ in range(i.num_servers)
-            ),
-            return_exceptions=True,
-        )
-        for server in started:
-            if isinstance(server, VLLMServer):
-                stack.push_async_callback(server.stop)
-                managed[server.url] = server
-        errors = [e for e in started if isinstance(e, BaseException)]
-        if errors:
-            raise errors[0]
-        urls = list(managed)
-        reporter.say(f"started {len(urls)} vllm serve process(es): {', '.join(urls)}")
-    pool = ServerPool(
-        urls,
-        i,
-        managed=managed,
-        health_interval_s=i.health_interval_s,
-        reconnect_timeout_s=i.reconnect_timeout_s,
-        max_restarts=i.max_restarts,
-    )
-    return await stack.enter_async_context(pool), pool
-
-
-def _weights_dir(configured: str) -> Path | None:
-    """A folder of our own inside inference.weights_dir (the publisher removes only it)."""
-    if not configured:
-        return None
-    Path(configured).mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix="agentrl-weights-", dir=configured))

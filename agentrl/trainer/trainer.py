@@ -44,12 +44,12 @@ from agentrl.runtime import cores, faults
 from agentrl.trainer import packing as packed_attention
 from agentrl.trainer.batch import (
     MicroBatch,
-    Packed,
     micro_batches,
     packed_micro_batches,
     rows_from_groups,
 )
 from agentrl.trainer.corrections import correction_masks
+from agentrl.trainer.forward import PolicyForward
 from agentrl.trainer.losses import importance_weights, policy_loss
 from agentrl.trainer.models import ModelLoad
 from agentrl.trainer.placement import (
@@ -68,7 +68,7 @@ from agentrl.types import Group
 logger = logging.getLogger(__name__)
 
 
-class Trainer:
+class Trainer(PolicyForward):
     """Holds the model and optimizer; :meth:`train_step` runs one optimizer step."""
 
     def __init__(
@@ -283,61 +283,6 @@ class Trainer:
             return packed_micro_batches(rows, self.config.micro_batch_tokens, self.pad_id)
         return micro_batches(rows, self.config.micro_batch_tokens, self.pad_id)
 
-    def _autocast(self) -> Any:
-        if self.precision != "bf16":
-            return contextlib.nullcontext()
-        return torch.autocast(self._device.type, dtype=torch.bfloat16)
-
-    def logprobs(self, model: Any, mb: MicroBatch) -> torch.Tensor:
-        """Per-token logprobs of ``mb.targets`` under ``model`` (shape of ``mb.targets``, fp32).
-
-        With the chunked logprob only the tokens of ``mb.mask`` are scored (the others
-        are 0: no loss, mask or statistic reads them).
-        """
-        with self._autocast():
-            if mb.packed is not None:
-                return self._packed_logprobs(model, mb.packed)
-            if self.chunked_logprob:
-                labels = torch.where(mb.mask > 0, mb.targets, -100)
-                labels = torch.nn.functional.pad(labels, (1, 0), value=-100)
-                out = model(
-                    input_ids=mb.input_ids,
-                    attention_mask=mb.attention_mask,
-                    labels=labels,
-                    fused_lm_head=True,
-                    use_cache=False,
-                )
-                return out.log_probs.float()
-            logits = model(
-                input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False
-            ).logits
-            return self._select(logits[:, :-1, :], mb.targets)
-
-    def _packed_logprobs(self, model: Any, p: Packed) -> torch.Tensor:
-        """Logprobs of a packed micro-batch, laid out as its padded rows."""
-        kwargs = {
-            "input_ids": p.input_ids,
-            "position_ids": p.position_ids,
-            "cu_seq_lens_q": p.cu_seqlens,
-            "cu_seq_lens_k": p.cu_seqlens,
-            "max_length_q": p.max_len,
-            "max_length_k": p.max_len,
-            "use_cache": False,
-        }
-        if self.chunked_logprob:
-            labels = torch.where(p.select, p.targets, -100)
-            flat = model(**kwargs, shift_labels=labels, fused_lm_head=True).log_probs[0].float()
-        else:
-            flat = self._select(model(**kwargs).logits, p.targets)[0]
-        return torch.where(p.valid, flat[p.index], 0.0)
-
-    def _select(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        from trl.trainer.utils import selective_log_softmax
-
-        if logits.dtype != torch.float32 and logits.device.type != "cuda":
-            logits = logits.float()  # TRL's CPU path would take the log-softmax in bf16
-        return selective_log_softmax(logits, targets, self.temperature).float()
-
     def score(self, groups: Sequence[Group]) -> list[tuple[torch.Tensor, MicroBatch]]:
         """Current-policy logprobs of every micro-batch (no gradient), for diagnostics."""
         rows = rows_from_groups(groups, self.config.scale_rewards, self.config.loss)
@@ -492,41 +437,8 @@ class Trainer:
         dist.all_reduce(count, op=dist.ReduceOp.MAX)
         return int(count.item())
 
-    def _padding_batch(self) -> MicroBatch:
-        """One row of two padding tokens, masked out: a forward and backward, no loss."""
-        ids = torch.full((1, 2), self.pad_id, dtype=torch.long)
-        packed = None
-        if self.packing:
-            packed = Packed(
-                input_ids=ids,
-                position_ids=torch.arange(2).unsqueeze(0),
-                targets=ids.clone(),
-                select=torch.zeros(1, 2, dtype=torch.bool),
-                cu_seqlens=torch.tensor([0, 2], dtype=torch.int32),
-                max_len=2,
-                index=torch.zeros(1, 1, dtype=torch.long),
-                valid=torch.zeros(1, 1, dtype=torch.bool),
-            )
-        return MicroBatch(
-            input_ids=ids,
-            attention_mask=torch.ones_like(ids),
-            targets=ids[:, 1:].clone(),
-            mask=torch.zeros(1, 1),
-            behaviour_logprobs=torch.zeros(1, 1),
-            versions=torch.full((1, 1), -1, dtype=torch.long),
-            advantages=torch.zeros(1, 1),
-            packed=packed,
-        )
-
     def _sync(self, *, last: bool) -> Any:
         """Only the last micro-batch of a rank all-reduces gradients (forward included)."""
         if self.accelerator is None or last:
             return contextlib.nullcontext()
         return self.accelerator.no_sync(self.model)
-
-    def _ref_logprobs(self, mb: MicroBatch) -> torch.Tensor:
-        with torch.no_grad():
-            if self.ref_model is not None:
-                return self.logprobs(self.ref_model, mb)
-            with self.unwrapped.disable_adapter():  # LoRA: the base model is the reference
-                return self.logprobs(self.model, mb)

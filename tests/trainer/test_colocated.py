@@ -185,7 +185,7 @@ class _Engine:
 
 
 def test_the_loop_puts_vllm_to_sleep_for_each_step(tiny_model: Path) -> None:
-    from agentrl.run import _EngineSleep
+    from agentrl.run_start import EngineSleep
     from agentrl.trainer.loop import TrainLoop
 
     events: list[str] = []
@@ -214,7 +214,7 @@ def test_the_loop_puts_vllm_to_sleep_for_each_step(tiny_model: Path) -> None:
         def generation_idle(self) -> bool:
             return True
 
-    class Sleep(_EngineSleep):
+    class Sleep(EngineSleep):
         async def wake_up(self) -> None:  # the real one also empties torch's CUDA cache
             await self.engine.wake_up()
 
