@@ -208,7 +208,7 @@ def test_the_store_refuses_what_it_cannot_read(tmp_path: Path) -> None:
 
 
 def test_nothing_in_the_store_is_pickled() -> None:
-    sources = sorted((Path(__file__).parents[1] / "agentrl" / "store").glob("*.py"))
+    sources = sorted((Path(__file__).parents[2] / "agentrl" / "store").glob("*.py"))
     assert len(sources) >= 4, "the store package's modules are all read"
     for source in sources:
         assert "pickle" not in source.read_text().replace("Nothing is pickled", ""), source
