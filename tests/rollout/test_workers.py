@@ -378,7 +378,8 @@ async def test_a_dead_worker_stops_the_run_and_resume_finishes_it(
 
     async def kill(runner: WorkerRunner, _w: StoreWriter, _s: Scheduler) -> None:
         await client.wait_calls(40)
-        os.kill(runner._workers[0].process.pid, signal.SIGKILL)
+        worker = next(w for w in runner._workers if w.index == 0)  # start order may differ
+        os.kill(worker.process.pid, signal.SIGKILL)
 
     with pytest.raises(BaseExceptionGroup) as caught:
         await _run(tokenizer, client, tmp_path, 2, 32, 4, concurrency=16, during=kill)
