@@ -170,3 +170,22 @@ def _end_test_processes() -> Any:
 
     while Proc.live:
         Proc.live.pop().kill()
+
+
+_DISTRIBUTED_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture(autouse=True)
+def _no_rank_left_behind() -> Any:
+    """Fail the test that leaves torch.distributed's variables in this process: every
+    later test that builds an accelerate or transformers trainer would wait forever in a
+    rendezvous with ranks that are gone (pytest-timeout cannot stop a wait in C)."""
+    before = {name: os.environ.get(name) for name in _DISTRIBUTED_ENV}
+    yield
+    left = [name for name in _DISTRIBUTED_ENV if os.environ.get(name) != before[name]]
+    for name in left:
+        if before[name] is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before[name]
+    assert not left, f"the test left {left} set in the test process (restore them)"

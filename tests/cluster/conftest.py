@@ -19,6 +19,17 @@ import pytest
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 
+@pytest.fixture(autouse=True)
+def _environment_restored() -> Iterator[None]:
+    """Put this process's environment back after each test: a rank-0 hook sets RANK,
+    WORLD_SIZE and MASTER_ADDR here, and any later test that builds an accelerate or
+    transformers trainer would wait forever in a rendezvous with a rank that is gone."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
 @dataclass
 class RayTestCluster:
     """The running cluster: Ray's ``Cluster`` and its two worker nodes."""
