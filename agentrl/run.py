@@ -264,6 +264,8 @@ async def _start_rollout(
         checkpoint=writer.partial,
         tracer=out.tracer,
         make=out.make,
+        env=cfg.env,
+        env_handles=cluster.env_handles,
     )
     return out, _Rollout(client, pool, writer, runner)
 

@@ -8,9 +8,8 @@ The core never imports Ray; only this package does, and only inside its function
   that ``status.json``, ``agentrl top`` and the live display show.
 * :mod:`agentrl.cluster.services`: inference servers (``vllm serve``) and env servers
   (``agentrl serve-env``) as Ray actors, each behind a stable local address, restarted
-  by Ray when they die.
-* :mod:`agentrl.cluster.proxy`: that stable address (a TCP relay to wherever the actor's
-  server runs now).
+  by Ray when they die, each behind a stable local address (a relay,
+  :mod:`agentrl.runtime.relay`, to wherever the actor's server runs now).
 * :mod:`agentrl.cluster.start`: what ``agentrl train`` calls: start the services and hand
   their URLs to the run as if ``inference.servers`` / ``env.urls`` listed them.
 * :mod:`agentrl.cluster.ranks`: trainer ranks other than 0 as Ray actors (the process

@@ -5,7 +5,7 @@
 resources the config asks for (``cluster.inference_resources`` / ``env_resources``),
 each with ``max_restarts = cluster.max_restarts``. Each actor runs one server
 (:class:`~agentrl.cluster.node.ServiceProcess`); the run reaches it through a
-:class:`~agentrl.cluster.proxy.Relay` in this process, so its URL stays the same when
+:class:`~agentrl.runtime.relay.Relay` in this process, so its URL stays the same when
 Ray starts the actor again on another node or port.
 
 A watch task pings every actor once a second and keeps its :class:`Placement` (node,
@@ -30,14 +30,14 @@ import asyncio
 import contextlib
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from agentrl.cluster.node import ServiceProcess, ServiceSpec
-from agentrl.cluster.proxy import Relay, RelayThread
 from agentrl.cluster.runtime import Placement, import_ray, resource_options
 from agentrl.errors import EngineStartupError, ServerUnavailable
 from agentrl.runtime.background import BackgroundTasks
+from agentrl.runtime.relay import Relay, RelayThread
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +64,8 @@ class ServiceHandle:
         self.relay = relay
         self.placement = placement
         self.changed = asyncio.Event()  # replaced by a fresh one on every change
+        self.listeners: list[Callable[[], None]] = []
+        """Called after each change (the rollout workers' relays follow the server)."""
 
     @property
     def url(self) -> str:
@@ -110,6 +112,8 @@ class ServiceHandle:
             )
             self.changed.set()
             self.changed = asyncio.Event()
+            for listener in self.listeners:
+                listener()
 
 
 def _reason(error: BaseException) -> str:

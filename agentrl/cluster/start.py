@@ -35,6 +35,9 @@ class ClusterStart:
     """The run's config, with the services' URLs in inference.servers and env.urls."""
     managed: dict[str, Any] = dataclasses.field(default_factory=dict)
     """The inference servers' actors by URL (the pool's ``managed=``)."""
+    env_handles: tuple[Any, ...] = ()
+    """The env servers' actors (:class:`~agentrl.cluster.services.ServiceHandle`), in
+    ``env.urls`` order: rollout-worker actors follow them with relays of their own."""
 
 
 async def start_cluster(
@@ -60,6 +63,7 @@ async def start_cluster(
     services = await stack.enter_async_context(ClusterServices(c.max_restarts))
     status.placement = services.placement
     managed: dict[str, Any] = {}
+    env_handles: list[Any] = []
     log_dir, i, env = str(Path(os.getcwd(), run_dir, "logs")), cfg.inference, cfg.env
     if c.env_servers:
         specs = [
@@ -75,8 +79,8 @@ async def start_cluster(
             )
             for n in range(c.env_servers)
         ]
-        handles = await services.start(specs, c.env_resources, env.reconnect_timeout_s)
-        env = dataclasses.replace(env, url="", urls=[h.url for h in handles], kwargs={})
+        env_handles = await services.start(specs, c.env_resources, env.reconnect_timeout_s)
+        env = dataclasses.replace(env, url="", urls=[h.url for h in env_handles], kwargs={})
     if c.inference_servers:
         model = resolve_model(cfg.model.path)
         lora = max(16, cfg.trainer.lora.r) if cfg.trainer.lora.enabled else None
@@ -102,7 +106,7 @@ async def start_cluster(
         f"Ray cluster {ray.get_runtime_context().gcs_address}: {c.inference_servers} inference "
         f"and {c.env_servers} env server(s) on {len(nodes)} node(s)"
     )
-    return ClusterStart(dataclasses.replace(cfg, inference=i, env=env), managed)
+    return ClusterStart(dataclasses.replace(cfg, inference=i, env=env), managed, tuple(env_handles))
 
 
 __all__ = ["ClusterStart", "start_cluster"]

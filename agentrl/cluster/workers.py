@@ -35,12 +35,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from agentrl.cluster.ranks import actor_options
-from agentrl.config import ClusterConfig, ModelConfig, RolloutConfig
+from agentrl.config import ClusterConfig, EnvConfig, ModelConfig, RolloutConfig
 from agentrl.errors import InfraError
 from agentrl.rollout.base import Runner
 from agentrl.rollout.wire import Channel, WorkerSpec
 from agentrl.rollout.worker_spawn import START_TIMEOUT_S, Worker, handshake, spawn_worker
-from agentrl.rollout.workers import open_runner
+from agentrl.rollout.workers import WorkerRunner, open_runner
 from agentrl.runtime.metrics import Metrics
 from agentrl.types import PartialEpisode
 
@@ -191,16 +191,24 @@ async def open_cluster_runner(
     checkpoint: Callable[[PartialEpisode], Any] | None = None,
     tracer: Any = None,
     make: Callable[..., Any] | None = None,
+    env: EnvConfig | None = None,
+    env_handles: Sequence[Any] = (),
 ) -> Runner:
     """:func:`~agentrl.rollout.workers.open_runner`, with the workers as Ray actors when
-    ``cluster.backend`` is "ray" and ``config.workers > 1`` (joining the cluster first)."""
+    ``cluster.backend`` is "ray" and ``config.workers > 1`` (joining the cluster first).
+
+    ``env_handles``: the env servers' actors (``env.urls`` are their relays here): each
+    worker actor puts relays of its own in front of them, re-aimed when one moves.
+    """
     from agentrl.cluster.ranks import connect
 
-    spawn = spawn_worker
+    spawn, targets = spawn_worker, None
     if cluster.backend == "ray" and config.workers > 1:
         connect(cluster)
         spawn = actor_spawner(cluster)
-    return await open_runner(
+        if env_handles:
+            targets = [h.relay.target for h in env_handles]
+    runner = await open_runner(
         stack,
         client,
         tokenizer,
@@ -211,5 +219,21 @@ async def open_cluster_runner(
         checkpoint=checkpoint,
         tracer=tracer,
         make=make,
+        env=env,
+        env_targets=targets,
         spawn=spawn,
     )
+    if targets is not None and isinstance(runner, WorkerRunner):
+        _follow(stack, runner, env_handles)
+    return runner
+
+
+def _follow(stack: contextlib.AsyncExitStack, runner: WorkerRunner, handles: Sequence[Any]) -> None:
+    """Re-aim the workers' relays whenever an env server actor moves or goes down."""
+
+    def moved() -> None:
+        runner.retarget([h.relay.target for h in handles])
+
+    for h in handles:
+        h.listeners.append(moved)
+        stack.callback(h.listeners.remove, moved)

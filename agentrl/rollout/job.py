@@ -222,6 +222,7 @@ async def _run_scheduler(
             imports=cfg.env.imports,
             checkpoint=writer.partial,
             make=extra.get("make"),
+            env=cfg.env,
         )
         queue = TrajectoryQueue(max(job.episodes // cfg.rollout.group_size, 1))
         tune_gc()

@@ -26,7 +26,7 @@ import pickle
 from collections.abc import Sequence
 from typing import Any
 
-from agentrl.config import ModelConfig, RolloutConfig
+from agentrl.config import EnvConfig, ModelConfig, RolloutConfig
 from agentrl.errors import ContextOverflowError, InfraError
 from agentrl.inference.base import Generation
 from agentrl.rollout.episode import EpisodeDropped
@@ -118,6 +118,25 @@ class Channel:
 # -- what crosses the wire ---------------------------------------------------------------
 
 
+Target = tuple[str, int] | None
+"""Where an env server runs now (host, port), or None while it is down."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvServers:
+    """The run's env servers as a worker reaches them (``[env] url``/``urls``).
+
+    Each worker opens its own :class:`~agentrl.remote.pool.EnvServerPool` of
+    ``config.servers``. With ``targets`` (servers that may move: Ray actors, whose
+    addresses in ``config`` are relays in the main process, unreachable from another
+    node), the worker puts a relay of its own in front of each server instead, aimed at
+    ``targets[i]`` and re-aimed by an ``("env_targets", targets)`` message.
+    """
+
+    config: EnvConfig
+    targets: tuple[Target, ...] | None = None
+
+
 @dataclasses.dataclass(frozen=True)
 class WorkerSpec:
     """What a worker needs to build its runner (sent once, pickled)."""
@@ -130,6 +149,8 @@ class WorkerSpec:
     sys_path: tuple[str, ...]
     max_model_len: int
     version: int
+    env_servers: EnvServers | None = None
+    """None: the envs are made in the worker (Gymnasium's registry)."""
 
 
 def error_payload(e: BaseException) -> tuple[Any, ...]:

@@ -38,6 +38,7 @@ from agentrl.rollout.wire import (
     error_payload,
     generation_from,
 )
+from agentrl.rollout.worker_envs import WorkerEnvs
 from agentrl.runtime.metrics import LoopLagMonitor, Metrics, tune_gc
 from agentrl.store.schema import PartialRow, segment_columns
 from agentrl.types import PartialEpisode, RequestId, Task
@@ -123,12 +124,15 @@ class _WorkerEpisodeRunner(EpisodeRunner):
 
     channel: Channel
     epoch: int = 0
+    remote_envs: bool = False
 
     async def _build(self, task: Task) -> Any:
         import gymnasium as gym
 
         from agentrl.env import load_env_plugins
 
+        if self.remote_envs:  # made by the env servers' pool, not from the registry
+            return await super()._build(task)
         if task.env_id not in gym.registry:
             load_env_plugins()
         if task.env_id not in gym.registry:  # every episode would fail the same way
@@ -166,7 +170,9 @@ def _drain_metrics(
 class _Service:
     """One worker's episodes: started, cancelled and gated by the main process's messages."""
 
-    def __init__(self, channel: Channel, spec: WorkerSpec) -> None:
+    def __init__(
+        self, channel: Channel, spec: WorkerSpec, envs: WorkerEnvs | None, make: Any
+    ) -> None:
         from agentrl.chat.formats import resolve_chat_format
 
         chat = resolve_chat_format(spec.tokenizer, spec.model) if spec.model is not None else None
@@ -184,7 +190,10 @@ class _Service:
             admission=self.gate,  # type: ignore[arg-type]
             checkpoint=lambda p: channel.send(("partial", PartialRow.of(p))),
             chat=chat,
+            **({"make": make} if make is not None else {}),
         )
+        self.envs = envs
+        self.runner.remote_envs = make is not None
         self.runner.live = live
         self.runner.channel = channel
         self.tasks: dict[int, asyncio.Task[None]] = {}
@@ -234,6 +243,9 @@ class _Service:
             _, episode_id, reason = message
             if episode_id in runner.parked:
                 runner.drop(episode_id, reason)
+        elif what == "env_targets":
+            if self.envs is not None:
+                self.envs.retarget(message[1])
         elif what == "cancel":
             task = self.tasks.get(message[1])
             if task is not None:
@@ -270,7 +282,16 @@ async def serve(channel: Channel) -> None:
             sys.path.insert(0, p)
     load_env_plugins()
     import_env_modules(list(spec.imports))
-    service = _Service(channel, spec)
+    envs = WorkerEnvs(spec.env_servers) if spec.env_servers is not None else None
+    try:
+        make = await envs.open() if envs is not None else None
+        await _run(channel, _Service(channel, spec, envs, make))
+    finally:
+        if envs is not None:
+            await envs.close()
+
+
+async def _run(channel: Channel, service: _Service) -> None:
     tune_gc()  # as the main process does once started: fewer, cheaper collections
     loop = type(asyncio.get_running_loop())
     channel.send(("ready", os.getpid(), time.process_time(), f"{loop.__module__}.{loop.__name__}"))

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import importlib.util
 import itertools
 import logging
@@ -44,15 +45,12 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from agentrl.config import ModelConfig, RolloutConfig
+from agentrl.config import EnvConfig, ModelConfig, RolloutConfig
 from agentrl.errors import ConfigError, InfraError
 from agentrl.rollout.base import Runner
 from agentrl.rollout.episode import EpisodeProgress
 from agentrl.rollout.runner import EpisodeRunner
-from agentrl.rollout.wire import (
-    PromptsReceived,
-    WorkerSpec,
-)
+from agentrl.rollout.wire import EnvServers, PromptsReceived, Target, WorkerSpec
 from agentrl.rollout.worker_messages import Parked, WorkerMessages, reader_failed
 from agentrl.rollout.worker_spawn import Worker, spawn_worker
 from agentrl.runtime.background import BackgroundTasks
@@ -116,6 +114,7 @@ class WorkerRunner(WorkerMessages):
         imports: Sequence[str] = (),
         tracer: Any = None,
         spawn: Callable[..., Awaitable[Worker]] = spawn_worker,
+        env_servers: EnvServers | None = None,
     ) -> None:
         if config.workers < 2:
             raise ConfigError(
@@ -130,6 +129,7 @@ class WorkerRunner(WorkerMessages):
         self.model = model
         self.imports = tuple(imports)
         self.tracer, self.spawn = tracer, spawn
+        self.env_servers = env_servers
         self.live: dict[str, EpisodeProgress] = {}
         self._workers: list[Worker] = []
         self._keys = itertools.count()
@@ -191,6 +191,7 @@ class WorkerRunner(WorkerMessages):
             tuple(sys.path),
             self.client.max_model_len,
             self.client.version,
+            self.env_servers,
         )
         worker = await self.spawn(spec, self.config.worker_event_loop, self._workers)
         worker.reader = self._background.start(self._read(worker), name=f"rollout-worker-{index}")
@@ -319,6 +320,15 @@ class WorkerRunner(WorkerMessages):
             )
         self._background.check()
 
+    def retarget(self, targets: Sequence[Target]) -> None:
+        """The env servers (``env_servers.targets``) run at ``targets`` now: every worker
+        re-aims its relays (a worker started later gets them in its spec)."""
+        if self.env_servers is None or self.env_servers.targets is None:
+            raise ValueError("retarget: this runner's env servers do not move (no targets)")
+        self.env_servers = dataclasses.replace(self.env_servers, targets=tuple(targets))
+        for w in self._workers:
+            w.channel.send(("env_targets", self.env_servers.targets))
+
     # -- internals
 
     def _workers_by_index(self) -> dict[int, Worker]:
@@ -343,13 +353,20 @@ async def open_runner(
     checkpoint: Callable[[PartialEpisode], Any] | None = None,
     tracer: Any = None,
     make: Callable[..., Any] | None = None,
+    env: EnvConfig | None = None,
+    env_targets: Sequence[Target] | None = None,
     spawn: Callable[..., Awaitable[Worker]] = spawn_worker,
 ) -> Runner:
     """The runner of a run: an :class:`EpisodeRunner` when ``config.workers`` is 1, else a
     started :class:`WorkerRunner` (closed by ``stack``).
 
+    ``make`` builds the envs in this process (one runner); with several workers, envs on
+    env servers (``env.url``/``urls``) are reached by each worker through its own pool of
+    them (``env_targets``: where servers that may move run now, see
+    :class:`~agentrl.rollout.wire.EnvServers`).
+
     Raises:
-        ConfigError: ``rollout.workers > 1`` with envs on env servers (``env.url``).
+        ConfigError: ``rollout.workers > 1`` with a ``make`` that is not the env servers'.
     """
     from agentrl.chat.formats import resolve_chat_format
 
@@ -365,10 +382,15 @@ async def open_runner(
             chat=resolve_chat_format(tokenizer, model),
             **extra,
         )
-    if make is not None:
+    servers = None
+    if env is not None and env.remote:
+        targets = tuple(env_targets) if env_targets is not None else None
+        servers = EnvServers(env, targets)
+    elif make is not None:
         raise ConfigError(
-            f"rollout.workers = {config.workers} with envs on env servers (env.url/urls): the "
-            "env servers already run the envs in their own processes; set rollout.workers = 1"
+            f"rollout.workers = {config.workers} with envs made in this process only (a "
+            "`make` of the caller's): worker processes cannot use it; serve the envs (env.url/"
+            "urls, or cluster.env_servers) or set rollout.workers = 1"
         )
     runner = WorkerRunner(
         client,
@@ -380,5 +402,6 @@ async def open_runner(
         imports=imports,
         tracer=tracer,
         spawn=spawn,
+        env_servers=servers,
     )
     return await stack.enter_async_context(runner)

@@ -21,11 +21,11 @@ from typing import Any
 import pytest
 
 from agentrl.cluster.node import ServiceSpec
-from agentrl.cluster.proxy import Relay
 from agentrl.cluster.runtime import Placement
 from agentrl.cluster.services import ActorServer, ClusterServices, ServiceHandle
 from agentrl.errors import ServerUnavailable
 from agentrl.rollout import tasks_for
+from agentrl.runtime.relay import Relay
 from tests.cluster.conftest import RayTestCluster
 from tests.faults.test_episode_faults import assert_accounted
 from tests.remote.test_remote_faults import (

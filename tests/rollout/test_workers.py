@@ -411,7 +411,7 @@ async def test_workers_refuse_what_they_cannot_run(tokenizer: Any, tmp_path: Pat
     rollout = RolloutConfig(workers=2, group_size=1, concurrency=1)
     client = SlowClient(tokenizer)
     async with contextlib.AsyncExitStack() as stack:
-        with pytest.raises(ConfigError, match="env servers"):
+        with pytest.raises(ConfigError, match="serve the envs"):
             await open_runner(
                 stack,
                 client,

@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from agentrl.cluster.proxy import RelayThread
+from agentrl.runtime.relay import RelayThread
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -163,9 +163,7 @@ class RelayThread:
     def __init__(self) -> None:
         self._loop = asyncio.new_event_loop()
         self._relays: list[Relay] = []
-        self._thread = threading.Thread(
-            target=self._loop.run_forever, name="cluster-relays", daemon=True
-        )
+        self._thread = threading.Thread(target=self._loop.run_forever, name="relays", daemon=True)
         self._thread.start()
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
