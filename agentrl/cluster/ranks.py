@@ -48,11 +48,14 @@ def connect(cluster: ClusterConfig) -> None:
 
 def actor_options(resources: dict[str, float]) -> dict[str, Any]:
     """Ray's ``.options()`` for a piece that needs ``resources`` ({CPU: 1} when empty):
-    ``CPU`` and ``GPU`` become ``num_cpus`` and ``num_gpus``, the rest custom resources."""
+    ``CPU`` and ``GPU`` become ``num_cpus`` and ``num_gpus``, the rest custom resources.
+    Pieces of a kind are spread over the nodes that offer them (Ray's default packs them
+    onto one node: its work and its failure would then land on one machine)."""
     wanted = dict(resources) or {"CPU": 1.0}
     options: dict[str, Any] = {
         "num_cpus": wanted.pop("CPU", 0.0),
         "num_gpus": wanted.pop("GPU", 0.0),
+        "scheduling_strategy": "SPREAD",
     }
     if wanted:
         options["resources"] = wanted

@@ -23,11 +23,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_resources_become_ray_options() -> None:
-    assert actor_options({}) == {"num_cpus": 1.0, "num_gpus": 0.0}
+    spread = {"scheduling_strategy": "SPREAD"}  # pieces of a kind over the nodes
+    assert actor_options({}) == {"num_cpus": 1.0, "num_gpus": 0.0, **spread}
     assert actor_options({"GPU": 1, "CPU": 2, "big": 1}) == {
         "num_cpus": 2,
         "num_gpus": 1,
         "resources": {"big": 1},
+        **spread,
     }
 
 
