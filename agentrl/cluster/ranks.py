@@ -28,38 +28,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agentrl.config import ClusterConfig, RunConfig
+from agentrl.cluster.runtime import actor_options, join_ray
+from agentrl.config import RunConfig
 from agentrl.errors import InfraError
 
 logger = logging.getLogger(__name__)
 
 STOP_TIMEOUT_S = 60.0
 """How long the rank actors may take to leave after rank 0 released them."""
-
-
-def connect(cluster: ClusterConfig) -> None:
-    """Join the Ray cluster ``cluster.address`` names, unless this process already has."""
-    import ray
-
-    if ray.is_initialized():
-        return
-    ray.init(address=None if cluster.address == "local" else cluster.address)
-
-
-def actor_options(resources: dict[str, float]) -> dict[str, Any]:
-    """Ray's ``.options()`` for a piece that needs ``resources`` ({CPU: 1} when empty):
-    ``CPU`` and ``GPU`` become ``num_cpus`` and ``num_gpus``, the rest custom resources.
-    Pieces of a kind are spread over the nodes that offer them (Ray's default packs them
-    onto one node: its work and its failure would then land on one machine)."""
-    wanted = dict(resources) or {"CPU": 1.0}
-    options: dict[str, Any] = {
-        "num_cpus": wanted.pop("CPU", 0.0),
-        "num_gpus": wanted.pop("GPU", 0.0),
-        "scheduling_strategy": "SPREAD",
-    }
-    if wanted:
-        options["resources"] = wanted
-    return options
 
 
 def free_port(host: str) -> int:
@@ -237,7 +213,7 @@ def cluster_ranks(
     if config.cluster.backend != "ray" or config.cluster.trainer_ranks < 2:
         return None
     config, run_dir = launched_config(config_path, overrides, resume=resume)
-    connect(config.cluster)
+    join_ray(config.cluster)
 
     def stop(failure: InfraError) -> None:
         import sys

@@ -48,55 +48,76 @@ def import_ray(*, loopback: bool = False) -> Any:
 
 @contextlib.contextmanager
 def open_ray(cluster: ClusterConfig, *, num_cpus: int | None = None) -> Iterator[Any]:
-    """Connect to the cluster ``cluster.address`` names; yield the ``ray`` module.
+    """Connect to the cluster ``cluster.address`` names; yield the ``ray`` module; shut
+    Ray down on leaving if this call connected.
 
     ``num_cpus``: with address "local", the CPUs the one-machine Ray offers (at least
     this machine's); ignored when joining a cluster.
     """
-    local = cluster.address == "local"
-    ray = import_ray(loopback=local)
+    ray = import_ray(loopback=cluster.address == "local")
     if ray.is_initialized():
         yield ray
         return
-    if local:
-        cpus = max(os.cpu_count() or 1, num_cpus or 0)
-        ray.init(
-            address="local",
-            include_dashboard=False,
-            _node_ip_address="127.0.0.1",
-            num_cpus=cpus,
-            log_to_driver=False,
-            configure_logging=False,
-        )
-    else:
-        try:
-            ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
-        except ConnectionError as e:
-            raise ConfigError(
-                f"cluster.address = {cluster.address!r}: no Ray cluster answers there ({e}); "
-                'start one (`ray start --head`) or set cluster.address = "local"'
-            ) from e
+    join_ray(cluster, num_cpus=num_cpus)
     try:
         yield ray
     finally:
         ray.shutdown()
 
 
-def resource_options(resources: Mapping[str, float]) -> dict[str, Any]:
-    """Ray actor options for a ``cluster.*_resources`` table (default: one CPU)."""
+def join_ray(cluster: ClusterConfig, *, num_cpus: int | None = None) -> Any:
+    """Connect this process to ``cluster.address`` (start a one-machine Ray on 127.0.0.1
+    for "local"), unless it is connected already; the ``ray`` module. Ray is shut down
+    when the process exits.
+
+    Raises:
+        ConfigError: no Ray cluster answers at ``cluster.address``.
+    """
+    local = cluster.address == "local"
+    ray = import_ray(loopback=local)
+    if ray.is_initialized():
+        return ray
+    if local:
+        ray.init(
+            address="local",
+            include_dashboard=False,
+            _node_ip_address="127.0.0.1",
+            num_cpus=max(os.cpu_count() or 1, num_cpus or 0),
+            log_to_driver=False,
+            configure_logging=False,
+        )
+        return ray
+    try:
+        ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+    except ConnectionError as e:
+        raise ConfigError(
+            f"cluster.address = {cluster.address!r}: no Ray cluster answers there ({e}); "
+            'start one (`ray start --head`) or set cluster.address = "local"'
+        ) from e
+    return ray
+
+
+def actor_options(resources: Mapping[str, float]) -> dict[str, Any]:
+    """Ray's ``.options()`` for a piece that needs ``resources`` (a ``cluster.*_resources``
+    table; ``{CPU = 1}`` when empty): ``CPU`` and ``GPU`` become ``num_cpus`` and
+    ``num_gpus``, the rest custom resources. Pieces of a kind are spread over the nodes
+    that offer them (Ray's default packs them onto one node: their work and their
+    failure would then land on one machine)."""
     table = dict(resources) or {"CPU": 1.0}
-    custom = {k: float(v) for k, v in table.items() if k not in ("CPU", "GPU")}
-    return {
-        "num_cpus": float(table.get("CPU", 0.0)),
-        "num_gpus": float(table.get("GPU", 0.0)),
-        "resources": custom,
+    options: dict[str, Any] = {
+        "num_cpus": float(table.pop("CPU", 0.0)),
+        "num_gpus": float(table.pop("GPU", 0.0)),
+        "scheduling_strategy": "SPREAD",
     }
+    if table:
+        options["resources"] = {k: float(v) for k, v in table.items()}
+    return options
 
 
 def cpus_needed(cluster: ClusterConfig) -> int:
     """The CPUs the services of ``cluster`` ask for in all (for a one-machine Ray)."""
-    inference = resource_options(cluster.inference_resources)["num_cpus"]
-    env = resource_options(cluster.env_resources)["num_cpus"]
+    inference = actor_options(cluster.inference_resources)["num_cpus"]
+    env = actor_options(cluster.env_resources)["num_cpus"]
     return int(cluster.inference_servers * inference + cluster.env_servers * env + 0.999)
 
 
@@ -124,4 +145,4 @@ class Placement:
         return dataclasses.asdict(self)
 
 
-__all__ = ["RAY_MISSING", "Placement", "import_ray", "open_ray", "resource_options"]
+__all__ = ["RAY_MISSING", "Placement", "actor_options", "import_ray", "join_ray", "open_ray"]

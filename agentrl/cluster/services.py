@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from agentrl.cluster.node import ServiceProcess, ServiceSpec
-from agentrl.cluster.runtime import Placement, import_ray, resource_options
+from agentrl.cluster.runtime import Placement, actor_options, import_ray
 from agentrl.errors import EngineStartupError, ServerUnavailable
 from agentrl.runtime.background import BackgroundTasks
 from agentrl.runtime.relay import Relay, RelayThread
@@ -215,10 +215,9 @@ class ClusterServices:
         """
         ray = import_ray()
         options = {
-            **resource_options(resources),
+            **actor_options(resources),
             "max_restarts": self.max_restarts,
             "max_task_retries": 0,
-            "scheduling_strategy": "SPREAD",
         }
         actor_class = ray.remote(_ServiceActor)
         handles = []

@@ -34,7 +34,7 @@ import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from agentrl.cluster.ranks import actor_options
+from agentrl.cluster.runtime import actor_options, join_ray
 from agentrl.config import ClusterConfig, EnvConfig, ModelConfig, RolloutConfig
 from agentrl.errors import InfraError
 from agentrl.rollout.base import Runner
@@ -200,11 +200,9 @@ async def open_cluster_runner(
     ``env_handles``: the env servers' actors (``env.urls`` are their relays here): each
     worker actor puts relays of its own in front of them, re-aimed when one moves.
     """
-    from agentrl.cluster.ranks import connect
-
     spawn, targets = spawn_worker, None
     if cluster.backend == "ray" and config.workers > 1:
-        connect(cluster)
+        join_ray(cluster)
         spawn = actor_spawner(cluster)
         if env_handles:
             targets = [h.relay.target for h in env_handles]

@@ -14,23 +14,11 @@ from typing import Any
 import pytest
 import torch
 
-from agentrl.cluster.ranks import actor_options
 from agentrl.trainer.trainer import Trainer
 from tests.trainer.test_checkpoint import synthetic_groups
 from tests.trainer.test_distributed_cpu import CONFIG
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def test_resources_become_ray_options() -> None:
-    spread = {"scheduling_strategy": "SPREAD"}  # pieces of a kind over the nodes
-    assert actor_options({}) == {"num_cpus": 1.0, "num_gpus": 0.0, **spread}
-    assert actor_options({"GPU": 1, "CPU": 2, "big": 1}) == {
-        "num_cpus": 2,
-        "num_gpus": 1,
-        "resources": {"big": 1},
-        **spread,
-    }
 
 
 @pytest.mark.timeout(240)

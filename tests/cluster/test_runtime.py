@@ -7,18 +7,20 @@ import sys
 
 import pytest
 
-from agentrl.cluster.runtime import RAY_MISSING, Placement, resource_options
+from agentrl.cluster.runtime import RAY_MISSING, Placement, actor_options
 from agentrl.config.cluster import ClusterConfig
 
 pytestmark = pytest.mark.timeout(60)
 
 
 def test_resources_become_ray_actor_options_with_one_cpu_by_default() -> None:
-    assert resource_options({}) == {"num_cpus": 1.0, "num_gpus": 0.0, "resources": {}}
-    assert resource_options({"GPU": 1, "node_a": 0.5}) == {
-        "num_cpus": 0.0,
+    spread = {"scheduling_strategy": "SPREAD"}  # pieces of a kind over the nodes
+    assert actor_options({}) == {"num_cpus": 1.0, "num_gpus": 0.0, **spread}
+    assert actor_options({"GPU": 1, "CPU": 2, "node_a": 0.5}) == {
+        "num_cpus": 2.0,
         "num_gpus": 1.0,
         "resources": {"node_a": 0.5},
+        **spread,
     }
 
 
