@@ -264,6 +264,7 @@ async def _start_rollout(
         checkpoint=writer.partial,
         tracer=out.tracer,
         make=out.make,
+        status=out.status,
     )
     return out, _Rollout(client, pool, writer, runner)
 
