@@ -43,6 +43,7 @@ def main(address: str, model: str, out: str) -> None:
     stats = trainer.train_step(
         broadcast_groups(synthetic_groups(4, groups=3, size=3), trainer.accelerator)
     )
+    rows = ranks.placement()  # while rank 1 still follows
     broadcast_groups(None, trainer.accelerator)  # release the follower
     state = {k: v.contiguous() for k, v in trainer.full_state_dict().items()}
     state.update(
@@ -56,7 +57,7 @@ def main(address: str, model: str, out: str) -> None:
     placement = {
         "rank0": ray.get_runtime_context().get_node_id(),
         "ranks": ranks.where(),
-        "rows": ranks.placement(),
+        "rows": rows,
         "pid": os.getpid(),
     }
     # the parent of each rank actor's process: the raylet of the node it really runs on
