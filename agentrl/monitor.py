@@ -253,18 +253,57 @@ def _servers(servers: list[Mapping[str, Any]]) -> list[tuple[str, str]]:
 
 
 def _placement(rows: list[Mapping[str, Any]]) -> list[tuple[str, str]]:
-    """One line for the pieces on a Ray cluster: each piece, its node, its state."""
+    """The pieces on a Ray cluster, one line per node: ``node IP (ID): inference 0,1; env 1;
+    worker 0; trainer 0``, each piece not alive (or restarted) on its own with its state,
+    restarts and why; pieces not placed yet on a line of their own."""
     if not rows:
         return []
-    parts = []
+    nodes: dict[tuple[bool, str, str], list[tuple[str, str, bool]]] = {}
     for r in rows:
-        restarts = int(r.get("restarts") or 0)
-        parts.append(
-            f"{r.get('piece')} {r.get('index')} @ {r.get('node_ip') or '?'} "
-            f"{str(r.get('node_id') or '')[:6]} {r.get('state')}"
-            + (f" ({restarts} restart{'s' if restarts > 1 else ''})" if restarts else "")
-        )
-    return [("cluster", _escape("  |  ".join(parts)))]
+        node = str(r.get("node_id") or "")
+        key = (not node, str(r.get("node_ip") or "?"), node)
+        nodes.setdefault(key, []).append(_piece(r))
+    lines = []
+    for (unplaced, ip, node), pieces in sorted(nodes.items()):
+        where = "not placed yet" if unplaced else f"node {_escape(ip)} ({_escape(node[:6])})"
+        lines.append(f"{where}: {'; '.join(_merged(pieces))}")
+    return [("cluster", "\n".join(lines))]
+
+
+def _piece(row: Mapping[str, Any]) -> tuple[str, str, bool]:
+    """(piece, its text, whether it is plainly alive): the index, and for a piece restarted
+    or not alive its state, restarts and why (escaped; coloured unless alive)."""
+    piece, state = str(row.get("piece") or "?"), str(row.get("state") or "?")
+    restarts = int(row.get("restarts") or 0)
+    text = str(row.get("index", "?"))
+    if state == "alive" and not restarts:
+        return _escape(piece), _escape(text), True
+    text = f"{piece} {text}" if state == "alive" else f"{piece} {text} {state}"
+    if restarts:
+        text += f" ({restarts} restart{'s' if restarts > 1 else ''})"
+    if state != "alive" and row.get("reason"):
+        text += f": {str(row['reason'])[:80]}"
+    colour = {"alive": "", "dead": "red"}.get(state, "yellow")
+    return _escape(piece), f"[{colour}]{_escape(text)}[/]" if colour else _escape(text), False
+
+
+def _merged(pieces: list[tuple[str, str, bool]]) -> list[str]:
+    """Alive pieces of one kind as one item (``inference 0,1``), each other piece alone."""
+    items: list[str] = []
+    last: str | None = None
+    for piece, text, plain in pieces:
+        if plain and last == piece:
+            items[-1] += f",{text}"
+        else:
+            items.append(f"{piece} {text}" if plain else text)
+        last = piece if plain else None
+    return items
+
+
+def _pieces_alive(rows: list[Mapping[str, Any]]) -> str:
+    """``  pieces 7/8 alive`` when a piece on the cluster is not, else nothing."""
+    alive = sum(r.get("state") == "alive" for r in rows)
+    return f"  pieces {alive}/{len(rows)} alive" if rows and alive < len(rows) else ""
 
 
 def render(status: Mapping[str, Any], *, episodes: bool = True, limit: int = 30) -> Any:
@@ -362,6 +401,7 @@ def plain_line(status: Mapping[str, Any]) -> str:
         f"{sum(status.get('errors', {}).values())}  gen/train "
         f"{t.get('generation_s', 0.0):.0f}s/{t.get('training_s', 0.0):.0f}s"
         + _servers_up(status.get("servers") or [])
+        + _pieces_alive(status.get("placement") or [])
         + ("  eval running" if status.get("eval_running") else "")
         + (f"  health: {status['health'][-1]['rule']}" if status.get("health") else "")
     )

@@ -115,6 +115,7 @@ async def train(
     resume: bool = False,
     accelerator: Any = None,
     reporter: Reporter | None = None,
+    placement: Callable[[], list[dict[str, Any]]] | None = None,
 ) -> TrainResult:
     """Run (or continue) the job described by ``config`` in ``run_dir``.
 
@@ -122,7 +123,8 @@ async def train(
     processes (``accelerate launch`` / ``torchrun``); the other ranks run
     :func:`agentrl.trainer.distributed.follow_run`. ``reporter``: where the progress
     lines and warnings go (default: the terminal; ``log.progress = "none"`` keeps
-    only the warnings).
+    only the warnings). ``placement``: where the trainer ranks run, when they are Ray
+    actors (:meth:`agentrl.cluster.ranks.TrainerRanks.placement`; status.json's rows).
     """
     from agentrl.models import resolve_model
     from agentrl.store import EpisodeStore
@@ -135,6 +137,8 @@ async def train(
 
         hf_logging.disable_progress_bar()  # "Writing model shards" bars break the display
     status = RunStatus(config, run_dir, Metrics())
+    if placement is not None:
+        status.add_placement(placement)
     model_path = await asyncio.to_thread(resolve_model, config.model.path)
     out = _RunOutput(
         config,
@@ -266,6 +270,7 @@ async def _start_rollout(
         make=out.make,
         env=cfg.env,
         env_handles=cluster.env_handles,
+        status=out.status,
     )
     return out, _Rollout(client, pool, writer, runner)
 

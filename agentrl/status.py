@@ -84,8 +84,7 @@ class RunStatus:
         self._queue: TrajectoryQueue | None = None
         self._loop: TrainLoop | None = None
         self._pool: ServerPool | None = None
-        self.placement: Callable[[], list[dict[str, Any]]] = list
-        """Where each piece runs on a Ray cluster (``[cluster]``; empty on one machine)."""
+        self._placement: list[Callable[[], list[dict[str, Any]]]] = []
 
     def attach(
         self,
@@ -99,6 +98,19 @@ class RunStatus:
         """Hand over the components the status reads (``pool``: None without servers)."""
         self._trainer, self._runner, self._queue = trainer, runner, queue
         self._loop, self._pool = loop, pool
+
+    def add_placement(self, rows: Callable[[], list[dict[str, Any]]]) -> None:
+        """Add a source of placement rows: ``rows()`` returns one row per piece it placed on
+        a Ray cluster (:class:`agentrl.cluster.runtime.Placement`'s ``as_dict()``), read at
+        every snapshot."""
+        self._placement.append(rows)
+
+    def placement(self) -> list[dict[str, Any]]:
+        """Where each piece runs on a Ray cluster (``[cluster]``; empty on one machine):
+        every source's rows, inference servers first, then env servers, rollout workers,
+        trainer ranks and any other piece, each piece by index."""
+        rows = [row for source in self._placement for row in source()]
+        return sorted(rows, key=_piece_order)
 
     def ended(self, error: BaseException) -> None:
         """The run ended with ``error``: state "stopped" when it was asked to stop (a rule
@@ -286,6 +298,15 @@ def env_offers_tools(env: EnvConfig) -> bool:
         return bool(getattr(made.unwrapped, "tools", ()))
     finally:
         made.close()
+
+
+PIECES = ("inference", "env", "worker", "trainer")
+"""The pieces of a run on a Ray cluster, in the order status.json lists them."""
+
+
+def _piece_order(row: dict[str, Any]) -> tuple[int, int]:
+    piece = row.get("piece")
+    return PIECES.index(piece) if piece in PIECES else len(PIECES), int(row.get("index") or 0)
 
 
 def _asked_to_stop(error: BaseException) -> bool:

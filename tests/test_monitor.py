@@ -116,6 +116,64 @@ def test_top_shows_where_each_piece_runs_on_a_cluster(
     ]
     write_status(tmp_path, status)
     assert top(tmp_path, once=True) == 0
-    row = next(line for line in capsys.readouterr().out.splitlines() if "cluster" in line)
-    assert "inference 0 @ 10.0.0.5 3f9a1c alive" in row, row
-    assert "env 1 @ 10.0.0.6 77be02 restarting (2 restarts)" in row, row
+    lines = [line for line in capsys.readouterr().out.splitlines() if "node 10.0.0." in line]
+    assert len(lines) == 2 and "cluster" in lines[0], lines
+    assert lines[0].rstrip().endswith("node 10.0.0.5 (3f9a1c): inference 0"), lines
+    assert lines[1].rstrip().endswith("node 10.0.0.6 (77be02): env 1 restarting (2 restarts)")
+
+
+def _row(piece: str, index: int, node: int, **more: Any) -> dict[str, Any]:
+    return {
+        "piece": piece,
+        "index": index,
+        "node_id": f"{node}b12cd{node}0000",
+        "node_ip": f"10.0.0.{node}",
+        "state": "alive",
+        "restarts": 0,
+        **more,
+    }
+
+
+@pytest.mark.timeout(60)
+def test_the_cluster_line_groups_the_pieces_by_node() -> None:
+    """Eight pieces on two nodes: one line per node names each piece on it; a piece
+    restarted or not alive stands alone with its state, restarts and why; one not yet
+    placed has a line of its own; the rows' text is escaped (rich markup)."""
+    from rich.console import Console
+
+    from agentrl.monitor import headline
+
+    rows = [
+        _row("inference", 0, 2),
+        _row("inference", 1, 3),
+        _row("env", 0, 2),
+        _row("env", 1, 3, state="restarting", restarts=1, reason="its actor does not answer"),
+        _row("worker", 0, 2, state="dead", reason="ActorDiedError: [bold]gone[/bold]"),
+        _row("worker", 1, 2),
+        _row("trainer", 0, 3),
+        _row("trainer", 1, 2),
+    ]
+    (_, cell), *_ = [h for h in headline({"placement": rows}) if h[0] == "cluster"]
+    console = Console(width=300, record=True, color_system=None)
+    console.print(cell)
+    assert console.export_text().splitlines() == [
+        "node 10.0.0.2 (2b12cd): inference 0; env 0; worker 0 dead: ActorDiedError: [bold]gone"
+        "[/bold]; worker 1; trainer 1",
+        "node 10.0.0.3 (3b12cd): inference 1; env 1 restarting (1 restart): its actor does not "
+        "answer; trainer 0",
+    ]
+    both = [_row("inference", 0, 2), _row("inference", 1, 2), _row("worker", 0, 2)]
+    (_, cell), *_ = [h for h in headline({"placement": both}) if h[0] == "cluster"]
+    assert cell == "node 10.0.0.2 (2b12cd): inference 0,1; worker 0"
+    waiting = [_row("trainer", 0, 2), {"piece": "trainer", "index": 1, "state": "starting"}]
+    (_, cell), *_ = [h for h in headline({"placement": waiting}) if h[0] == "cluster"]
+    assert cell.splitlines()[1] == "not placed yet: [yellow]trainer 1 starting[/]"
+
+
+@pytest.mark.timeout(60)
+def test_the_plain_line_says_when_a_piece_is_not_alive() -> None:
+    status = _status(tools=False, mode="async")
+    status["placement"] = [_row("worker", 0, 2), _row("worker", 1, 2)]
+    assert "pieces" not in plain_line(status)
+    status["placement"][1]["state"] = "dead"
+    assert "  pieces 1/2 alive" in plain_line(status)

@@ -48,6 +48,7 @@ def _train(args: argparse.Namespace, extra: list[str]) -> int:
                 resume=args.resume is not None,
                 accelerator=accelerator,
                 reporter=reporter,
+                placement=ranks.placement if ranks is not None else None,
             ),
             grace_s=cfg.run.stop_grace_s,
             on_hard_stop=lambda why: print(resume_hint, file=sys.stderr),

@@ -20,6 +20,7 @@ resumes from its last checkpoint). What this module does not own: connecting to 
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import os
 import socket
@@ -28,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agentrl.cluster.runtime import actor_options, join_ray
+from agentrl.cluster.runtime import Placement, actor_options, call_state, join_ray
 from agentrl.config import RunConfig
 from agentrl.errors import InfraError
 
@@ -58,14 +59,23 @@ def rank_environment(rank: int, world: int, master_addr: str, master_port: int) 
     }
 
 
+def _here() -> dict[str, Any]:
+    """This process's node (Ray's id, its IP) and pid: a placement row's fields."""
+    import ray
+
+    return {
+        "node_id": ray.get_runtime_context().get_node_id(),
+        "node_ip": ray.util.get_node_ip_address(),
+        "pid": os.getpid(),
+    }
+
+
 class _Rank:
     """One trainer rank other than 0 (the body of the Ray actor)."""
 
-    def where(self) -> tuple[str, int]:
-        """(the Ray node id, the pid) this rank runs on."""
-        import ray
-
-        return ray.get_runtime_context().get_node_id(), os.getpid()
+    def where(self) -> dict[str, Any]:
+        """The Ray node id, the node's IP and the pid this rank runs on."""
+        return _here()
 
     def follow(self, config: RunConfig, run_dir: str, resume: bool, env: dict[str, str]) -> int:
         """Join rank 0's process group and train on what it broadcasts until it says
@@ -88,7 +98,8 @@ class TrainerRanks:
 
     Made by :func:`start_ranks`; :meth:`close` when the run ends (it waits for the ranks
     rank 0 released, then removes the actors). A rank that dies is reported once, by
-    ``on_death`` (from a watcher thread) and by :meth:`check`.
+    ``on_death`` (from a watcher thread) and by :meth:`check`. :meth:`placement` says
+    where each rank runs (rank 0: this process), for status.json.
     """
 
     def __init__(
@@ -104,6 +115,9 @@ class TrainerRanks:
         self.steps: list[int] = []
         self._refs = refs
         self._on_death = on_death
+        self._rank0 = Placement("trainer", 0, state="alive", **_here())
+        self._where = [a.where.remote().future() for a in actors]
+        self._follow = [r.future() for r in refs]
         self._closing = False
         self._watcher = threading.Thread(target=self._watch, name="trainer-ranks", daemon=True)
         self._watcher.start()
@@ -136,11 +150,24 @@ class TrainerRanks:
         if self.failure is not None:
             raise self.failure
 
-    def where(self) -> list[tuple[str, int]]:
-        """(Ray node id, pid) of each rank actor, rank 1 first."""
-        import ray
+    def where(self) -> list[dict[str, Any]]:
+        """Node id, node IP and pid of each rank actor, rank 1 first (waits until each
+        has started)."""
+        return [f.result() for f in self._where]
 
-        return ray.get([a.where.remote() for a in self.actors])
+    def placement(self) -> list[dict[str, Any]]:
+        """One row per rank (status.json's "placement"): rank 0 this process, alive; a
+        rank actor "starting" until it said where it runs, "alive" while its ``follow``
+        runs, then "dead" with why."""
+        rows = [self._rank0.as_dict()]
+        calls = zip(self._where, self._follow, strict=True)
+        for rank, (where, follow) in enumerate(calls, start=1):
+            at = where.result() if where.done() and _succeeded(where) else {}
+            state, reason = call_state(follow)
+            if state == "alive" and not at:
+                state = "starting"
+            rows.append(Placement("trainer", rank, state=state, reason=reason, **at).as_dict())
+        return rows
 
     def close(self, *, released: bool = True) -> None:
         """Remove the actors; when rank 0 ``released`` them (its run ended), first wait up
@@ -153,6 +180,10 @@ class TrainerRanks:
         self._closing = True
         for actor in self.actors:
             ray.kill(actor, no_restart=True)
+
+
+def _succeeded(call: concurrent.futures.Future[Any]) -> bool:
+    return not call.cancelled() and call.exception() is None
 
 
 def start_ranks(

@@ -8,13 +8,16 @@ that built its own cluster) is used as it is.
 
 :class:`Placement` is one piece's row in ``status.json`` ("placement"): the piece, its
 index, the node it runs on (id and IP), its server's URL there, its state (``starting``,
-``alive``, ``restarting``, ``dead``) and how often Ray restarted it.
+``alive``, ``restarting``, ``dead``) and how often Ray restarted it. :func:`call_state`
+is the state of a piece that lives in one actor call (a rollout worker's ``serve``, a
+trainer rank's ``follow``).
 
 Ray is imported only here and in the modules beside this one, when a run asks for it.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import logging
@@ -126,7 +129,7 @@ class Placement:
     """Where one piece of the run is: one row of ``status.json``'s "placement"."""
 
     piece: str
-    """"inference" or "env" (the other helpers' pieces add "worker", "trainer")."""
+    """"inference", "env", "worker" (a rollout worker) or "trainer" (a trainer rank)."""
     index: int
     node_id: str = ""
     node_ip: str = ""
@@ -145,4 +148,29 @@ class Placement:
         return dataclasses.asdict(self)
 
 
-__all__ = ["RAY_MISSING", "Placement", "actor_options", "import_ray", "join_ray", "open_ray"]
+def call_state(call: concurrent.futures.Future[Any] | None) -> tuple[PieceState, str]:
+    """(state, reason) of a piece that lives as long as one call of its actor (``call``:
+    the call's ObjectRef ``.future()``; None: not made yet): "starting", then "alive"
+    while the call runs, "dead" once it returned ("stopped") or failed (why, in a line)."""
+    if call is None:
+        return "starting", ""
+    if not call.done():
+        return "alive", ""
+    if call.cancelled():
+        return "dead", "cancelled"
+    error = call.exception()
+    if error is None:
+        return "dead", "stopped"
+    first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return "dead", f"{type(error).__name__}: {first}"[:200].rstrip(": ")
+
+
+__all__ = [
+    "RAY_MISSING",
+    "Placement",
+    "actor_options",
+    "call_state",
+    "import_ray",
+    "join_ray",
+    "open_ray",
+]

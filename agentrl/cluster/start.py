@@ -7,7 +7,7 @@ entered in the run's exit stack, and returns the run's config with their stable 
 in ``inference.servers`` and ``env.urls``: from there the run is the run with listed
 servers (the same pools, failover and per-episode stickiness). The inference pool
 gets the actors as its ``managed`` servers (:attr:`ClusterStart.managed`). The placement
-goes to ``status.json`` through ``status.placement``.
+goes to ``status.json`` through ``status.add_placement``.
 
 With ``backend = "local"`` it returns the config unchanged and imports nothing.
 """
@@ -50,7 +50,8 @@ async def start_cluster(
 ) -> ClusterStart:
     """Start the run's services on the cluster (entered in ``stack``); what the run needs.
 
-    ``status``: the run's :class:`~agentrl.status.RunStatus` (its ``placement`` is set);
+    ``status``: the run's :class:`~agentrl.status.RunStatus` (the services' rows are
+    added to its placement);
     ``say``: where the progress line goes.
     """
     c = cfg.cluster
@@ -61,7 +62,7 @@ async def start_cluster(
 
     ray = stack.enter_context(open_ray(c, num_cpus=cpus_needed(c)))
     services = await stack.enter_async_context(ClusterServices(c.max_restarts))
-    status.placement = services.placement
+    status.add_placement(services.placement)
     managed: dict[str, Any] = {}
     env_handles: list[Any] = []
     log_dir, i, env = str(Path(os.getcwd(), run_dir, "logs")), cfg.inference, cfg.env

@@ -26,15 +26,16 @@ worker actor in the middle of a run: its episodes' state lived in it.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import hmac
 import logging
 import os
 import secrets
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from agentrl.cluster.runtime import actor_options, join_ray
+from agentrl.cluster.runtime import Placement, actor_options, call_state, join_ray
 from agentrl.config import ClusterConfig, EnvConfig, ModelConfig, RolloutConfig
 from agentrl.errors import InfraError
 from agentrl.rollout.base import Runner
@@ -43,6 +44,9 @@ from agentrl.rollout.worker_spawn import START_TIMEOUT_S, Worker, handshake, spa
 from agentrl.rollout.workers import WorkerRunner, open_runner
 from agentrl.runtime.metrics import Metrics
 from agentrl.types import PartialEpisode
+
+if TYPE_CHECKING:
+    from agentrl.status import RunStatus
 
 logger = logging.getLogger(__name__)
 
@@ -56,11 +60,11 @@ Spawn = Callable[[WorkerSpec, str, list[Worker]], Awaitable[Worker]]
 class _WorkerActor:
     """The body of one rollout-worker actor."""
 
-    def where(self) -> tuple[str, int]:
-        """(the Ray node id, the pid) this worker runs on."""
+    def where(self) -> tuple[str, str, int]:
+        """(the Ray node id, the node's IP, the pid) this worker runs on."""
         import ray
 
-        return ray.get_runtime_context().get_node_id(), os.getpid()
+        return ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address(), os.getpid()
 
     def serve(self, host: str, port: int, token: bytes, event_loop: str) -> None:
         """Connect to the main process and be a rollout worker until it says stop."""
@@ -77,14 +81,28 @@ class _WorkerActor:
 
 class ActorProcess:
     """A worker actor as :class:`~agentrl.rollout.workers.WorkerRunner` sees a worker
-    process: a pid, :meth:`wait` and :meth:`kill`; and the node it was placed on."""
+    process: a pid, :meth:`wait` and :meth:`kill`; and the node it was placed on
+    (:meth:`row`: its row of status.json's "placement")."""
 
-    def __init__(self, actor: Any, pid: int, node: str) -> None:
+    def __init__(self, actor: Any, pid: int, node: str, node_ip: str = "", index: int = 0) -> None:
         self.actor = actor
         self.pid = pid
         self.node = node
+        self.node_ip = node_ip
+        self.index = index
         self.serving: Any = None
         """The ``serve`` call's ObjectRef (set once it is made)."""
+        self.served: concurrent.futures.Future[Any] | None = None
+        """``serving.future()``, made as soon as the call is (so that it is done as soon
+        as the call is): the row's state."""
+
+    def row(self) -> dict[str, Any]:
+        """Where this worker runs: "alive" while its ``serve`` call runs, then "dead" with
+        why (a clean stop: "stopped")."""
+        state, reason = call_state(self.served)
+        return Placement(
+            "worker", self.index, self.node, self.node_ip, pid=self.pid, state=state, reason=reason
+        ).as_dict()
 
     async def wait(self) -> int:
         """Until the worker's ``serve`` returns: 0, or 1 when the actor died or raised.
@@ -105,9 +123,10 @@ class ActorProcess:
         ray.kill(self.actor, no_restart=True)
 
 
-def actor_spawner(cluster: ClusterConfig) -> Spawn:
+def actor_spawner(cluster: ClusterConfig, placed: list[ActorProcess] | None = None) -> Spawn:
     """A ``spawn`` for :class:`~agentrl.rollout.workers.WorkerRunner` that starts each
-    rollout worker as a Ray actor (this process must have joined the cluster)."""
+    rollout worker as a Ray actor (this process must have joined the cluster); each
+    actor, once placed, is appended to ``placed`` (the run's placement rows)."""
     import ray
 
     remote = ray.remote(max_restarts=0, max_task_retries=0)(_WorkerActor)
@@ -134,9 +153,12 @@ def actor_spawner(cluster: ClusterConfig) -> Spawn:
             port = server.sockets[0].getsockname()[1]
             actor = remote.options(**options).remote()
             async with asyncio.timeout(START_TIMEOUT_S):
-                node, pid = await actor.where.remote()
-            process = ActorProcess(actor, pid, node)
+                node, node_ip, pid = await actor.where.remote()
+            process = ActorProcess(actor, pid, node, node_ip, spec.index)
             process.serving = actor.serve.remote(host, port, token, event_loop)
+            process.served = process.serving.future()
+            if placed is not None:
+                placed.append(process)
             channel = await _connected(connected, process, spec.index)
         except BaseException:
             if "actor" in locals():
@@ -193,9 +215,11 @@ async def open_cluster_runner(
     make: Callable[..., Any] | None = None,
     env: EnvConfig | None = None,
     env_handles: Sequence[Any] = (),
+    status: RunStatus | None = None,
 ) -> Runner:
     """:func:`~agentrl.rollout.workers.open_runner`, with the workers as Ray actors when
-    ``cluster.backend`` is "ray" and ``config.workers > 1`` (joining the cluster first).
+    ``cluster.backend`` is "ray" and ``config.workers > 1`` (joining the cluster first;
+    ``status``: the run's, whose placement gets a row per worker actor).
 
     ``env_handles``: the env servers' actors (``env.urls`` are their relays here): each
     worker actor puts relays of its own in front of them, re-aimed when one moves.
@@ -203,7 +227,10 @@ async def open_cluster_runner(
     spawn, targets = spawn_worker, None
     if cluster.backend == "ray" and config.workers > 1:
         join_ray(cluster)
-        spawn = actor_spawner(cluster)
+        placed: list[ActorProcess] = []
+        if status is not None:
+            status.add_placement(lambda: [p.row() for p in placed])
+        spawn = actor_spawner(cluster, placed)
         if env_handles:
             targets = [h.relay.target for h in env_handles]
     runner = await open_runner(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -95,3 +96,21 @@ def head_and_node2() -> Iterator[Any]:
         yield cluster
     finally:
         cluster.shutdown()
+
+
+def node_of(cluster: Any, pid: int) -> str:
+    """The id of the node of ``cluster`` (Ray's ``Cluster``) that process ``pid`` runs on,
+    known apart from what Ray's runtime context says: the node's raylet started it."""
+    return raylet_node(cluster, parent_of(pid))
+
+
+def parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def raylet_node(cluster: Any, raylet_pid: int) -> str:
+    """The id of the node of ``cluster`` whose raylet is process ``raylet_pid``."""
+    for node in (cluster.head_node, *cluster.worker_nodes):
+        if raylet_pid in [p.process.pid for p in node.all_processes.get("raylet", [])]:
+            return str(node.node_id)
+    raise AssertionError(f"process {raylet_pid} is no raylet of the test cluster")

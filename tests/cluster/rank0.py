@@ -1,8 +1,8 @@
 """Rank 0 of a two-rank trainer on a Ray cluster, as a script (``python -m
 tests.cluster.rank0 ADDRESS MODEL OUT``): the rank actor starts through
 :func:`agentrl.cluster.ranks.start_ranks`, one optimizer step on synthetic groups, and
-rank 0's weights, gradients and the placement go to OUT (a separate process: the test's
-own stays out of torch.distributed)."""
+rank 0's weights, gradients and the placement (``where()`` and the status rows) go to OUT
+(a separate process: the test's own stays out of torch.distributed)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from agentrl.cluster.ranks import start_ranks
 from agentrl.config import ClusterConfig, ModelConfig, RunConfig
 from agentrl.trainer.distributed import broadcast_groups, launched_rank, start_distributed
 from agentrl.trainer.trainer import Trainer
+from tests.cluster.conftest import parent_of
 from tests.trainer.test_checkpoint import synthetic_groups
 from tests.trainer.test_distributed_cpu import CONFIG
 
@@ -42,6 +43,7 @@ def main(address: str, model: str, out: str) -> None:
     stats = trainer.train_step(
         broadcast_groups(synthetic_groups(4, groups=3, size=3), trainer.accelerator)
     )
+    rows = ranks.placement()  # while rank 1 still follows
     broadcast_groups(None, trainer.accelerator)  # release the follower
     state = {k: v.contiguous() for k, v in trainer.full_state_dict().items()}
     state.update(
@@ -52,7 +54,14 @@ def main(address: str, model: str, out: str) -> None:
         }
     )
     save_file(state, f"{out}/rank0.safetensors", metadata={"loss": str(stats.loss)})
-    placement = {"rank0": ray.get_runtime_context().get_node_id(), "ranks": ranks.where()}
+    placement = {
+        "rank0": ray.get_runtime_context().get_node_id(),
+        "ranks": ranks.where(),
+        "rows": rows,
+        "pid": os.getpid(),
+    }
+    # the parent of each rank actor's process: the raylet of the node it really runs on
+    placement["parents"] = [parent_of(r["pid"]) for r in placement["ranks"]]
     ranks.close()
     placement["steps"] = ranks.steps
     Path(out, "placement.json").write_text(json.dumps(placement))

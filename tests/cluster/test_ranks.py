@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from agentrl.trainer.trainer import Trainer
+from tests.cluster.conftest import node_of, raylet_node
 from tests.trainer.test_checkpoint import synthetic_groups
 from tests.trainer.test_distributed_cpu import CONFIG
 
@@ -49,8 +50,16 @@ def test_a_rank_actor_on_another_node_takes_the_one_process_step(
     assert done.returncode == 0, done.stderr[-4000:]
     placement = json.loads((tmp_path / "placement.json").read_text())
     node2 = [n["NodeID"] for n in _nodes(head_and_node2) if n["Resources"].get("node2")]
-    assert [node for node, _ in placement["ranks"]] == node2, "rank 1 runs on the node2 node"
+    assert [r["node_id"] for r in placement["ranks"]] == node2, "rank 1 runs on the node2 node"
     assert placement["rank0"] != node2[0], "rank 0 (the launching process) on the other one"
+    # status.json's rows: rank 0 this process on the head, rank 1 where its process runs
+    rank0, rank1 = placement["rows"]
+    assert (rank0["piece"], rank0["index"], rank0["state"]) == ("trainer", 0, "alive")
+    assert rank0["pid"] == placement["pid"]
+    assert rank0["node_id"] == head_and_node2.head_node.node_id == placement["rank0"]
+    assert (rank1["piece"], rank1["index"], rank1["state"]) == ("trainer", 1, "alive")
+    assert [rank1["node_id"]] == node2 == [raylet_node(head_and_node2, placement["parents"][0])]
+    assert rank1["pid"] == placement["ranks"][0]["pid"] and rank1["node_ip"] == "127.0.0.1"
     assert placement["steps"] == [1], "rank 1 took the one step, then rank 0 released it"
     two = load_file(tmp_path / "rank0.safetensors")
     single = Trainer(str(tiny_model), CONFIG, temperature=1.0, seed=0)
@@ -84,6 +93,7 @@ def test_a_dead_rank_actor_stops_the_run_with_one_error(
     head_and_node2: Any, tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import threading
+    import time
 
     import ray
 
@@ -104,9 +114,19 @@ def test_a_dead_rank_actor_stops_the_run_with_one_error(
             config, tmp_path, resume=False, on_death=lambda e: (failures.append(e), died.set())
         )
         assert os.environ["RANK"] == "0" and os.environ["WORLD_SIZE"] == "2"
-        ((_, pid),) = ranks.where()  # the actor waits in the rendezvous for rank 0
-        os.kill(pid, 9)
+        (where,) = ranks.where()  # the actor waits in the rendezvous for rank 0
+        rank0, rank1 = ranks.placement()
+        assert (rank0["pid"], rank0["node_id"]) == (os.getpid(), head_and_node2.head_node.node_id)
+        assert rank1["state"] == "alive" and rank1["pid"] == where["pid"]
+        assert rank1["node_id"] == node_of(head_and_node2, where["pid"]) != rank0["node_id"]
+        os.kill(where["pid"], 9)
         assert died.wait(60), "the watcher saw the rank die"
+        deadline = time.monotonic() + 10  # the row's future is set beside the watcher
+        while ranks.placement()[1]["state"] != "dead" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        rank1 = ranks.placement()[1]
+        assert rank1["state"] == "dead" and "died" in rank1["reason"].lower(), rank1
+        assert rank1["node_id"] == where["node_id"]  # where it was
         with pytest.raises(InfraError, match="trainer rank 1 of 2"):
             ranks.check()
         assert len(failures) == 1 and "resumes from its last checkpoint" in str(failures[0])
