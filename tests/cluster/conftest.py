@@ -40,7 +40,8 @@ class RayTestCluster:
     """"node_a" / "node_b" -> the node (its ``node_id``)."""
 
     def node_name(self, node_id: str) -> str:
-        return next(name for name, n in self.nodes.items() if n.node_id == node_id)
+        """"node_a" / "node_b", or "head" (the head node, where the driver runs)."""
+        return next((name for name, n in self.nodes.items() if n.node_id == node_id), "head")
 
 
 def start_cluster(cpus_per_node: int = 1) -> RayTestCluster:

@@ -169,6 +169,8 @@ def test_every_piece_on_two_nodes_survives_server_kills_and_a_node_loss(
     for p in first:
         nodes.setdefault(p["piece"], set()).add(two_nodes.node_name(p["node_id"]))
     assert nodes["inference"] == nodes["env"] == {"node_a", "node_b"}, first
+    assert nodes["worker"] == {"node_a", "node_b"}, first  # spread, as the servers
+    assert sorted(p["index"] for p in first if p["piece"] == "trainer") == [0, 1], first
     assert cli.returncode == 0, cli.stdout + cli.stderr
     assert end["integrity"] == "ok" and end["ok"], end
     assert end["lost"] == [] and end["trained_twice"] == [], end
