@@ -15,10 +15,12 @@ one connection per worker; the actor connects and first sends a random 32-byte t
 the spawner gave it. Anything else that connects is closed before a byte of it is
 unpickled.
 
-A dead worker actor is a dead worker: the run stops with an error naming it, its
-unfinished episodes keep their per-turn checkpoints in the store, and ``agentrl train
---resume`` continues them (as for a local worker process). Ray does not restart a
-worker actor in the middle of a run: its episodes' state lived in it.
+A dead worker actor is started again (a new actor, up to ``cluster.max_restarts`` times
+in a run), and its episodes continue there from their newest checkpoints, which the
+main process holds (:meth:`~agentrl.rollout.worker_messages.WorkerMessages._restart`):
+the scheduler never sees the death. Once the restarts are used up, a dead worker stops
+the run with an error naming it, and ``agentrl train --resume`` continues its episodes
+from the store (as for a local worker process).
 
 ``ray`` is imported inside the functions: ``import agentrl.cluster.workers`` needs no Ray.
 """
@@ -90,6 +92,8 @@ class ActorProcess:
         self.node = node
         self.node_ip = node_ip
         self.index = index
+        self.restarts = 0
+        """How often the worker of this index was started again before this one."""
         self.serving: Any = None
         """The ``serve`` call's ObjectRef (set once it is made)."""
         self.served: concurrent.futures.Future[Any] | None = None
@@ -101,7 +105,14 @@ class ActorProcess:
         why (a clean stop: "stopped")."""
         state, reason = call_state(self.served)
         return Placement(
-            "worker", self.index, self.node, self.node_ip, pid=self.pid, state=state, reason=reason
+            "worker",
+            self.index,
+            self.node,
+            self.node_ip,
+            pid=self.pid,
+            state=state,
+            restarts=self.restarts,
+            reason=reason,
         ).as_dict()
 
     async def wait(self) -> int:
@@ -121,6 +132,16 @@ class ActorProcess:
         import ray
 
         ray.kill(self.actor, no_restart=True)
+
+
+def _place(placed: list[ActorProcess], process: ActorProcess) -> None:
+    """Add ``process``'s row; a worker started again replaces its dead one's row."""
+    for i, old in enumerate(placed):
+        if old.index == process.index:
+            process.restarts = old.restarts + 1
+            placed[i] = process
+            return
+    placed.append(process)
 
 
 def actor_spawner(cluster: ClusterConfig, placed: list[ActorProcess] | None = None) -> Spawn:
@@ -158,7 +179,7 @@ def actor_spawner(cluster: ClusterConfig, placed: list[ActorProcess] | None = No
             process.serving = actor.serve.remote(host, port, token, event_loop)
             process.served = process.serving.future()
             if placed is not None:
-                placed.append(process)
+                _place(placed, process)
             channel = await _connected(connected, process, spec.index)
         except BaseException:
             if "actor" in locals():
@@ -247,6 +268,7 @@ async def open_cluster_runner(
         env=env,
         env_targets=targets,
         spawn=spawn,
+        restarts=cluster.max_restarts if spawn is not spawn_worker else 0,
     )
     if targets is not None and isinstance(runner, WorkerRunner):
         _follow(stack, runner, env_handles)

@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
+import logging
 import pickle
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from agentrl.errors import InfraError
@@ -21,8 +22,10 @@ from agentrl.rollout.wire import PromptsReceived, error_from, error_payload, gen
 from agentrl.rollout.worker_spawn import Worker
 from agentrl.runtime.background import BackgroundTasks
 from agentrl.runtime.metrics import Metrics
-from agentrl.store.schema import encoded
+from agentrl.store.schema import PartialRow, encoded
 from agentrl.types import PartialEpisode, Trajectory
+
+logger = logging.getLogger(__name__)
 
 
 def reader_failed(failure: BaseException) -> BaseException:
@@ -66,6 +69,15 @@ class WorkerMessages:
     _sampling: dict[bytes, Any]
     _background: BackgroundTasks
     _closing: bool
+    _sent: dict[int, tuple[Any, ...]]
+    """What each running episode was dispatched with (by key): a restarted worker
+    starts it again from there when it has no checkpoint yet."""
+    _latest: dict[str, PartialRow]
+    """Each running episode's newest per-turn checkpoint (by episode id)."""
+    restarts_left: int
+    worker_restarts: int
+    _spawn: Callable[[int], Awaitable[None]]
+    _workers_by_index: Callable[[], dict[int, Worker]]
 
     def _episode_of(self, key: int) -> str:
         for w in self._workers:
@@ -92,6 +104,11 @@ class WorkerMessages:
         if self._closing:
             return
         code = await worker.process.wait()
+        if self._closing:
+            return
+        if self.restarts_left > 0:
+            await self._restart(worker, code)
+            return
         self._background.fail(
             InfraError(
                 f"rollout worker {worker.index} (pid {worker.process.pid}) died with exit code "
@@ -99,6 +116,57 @@ class WorkerMessages:
                 "kept; unfinished episodes resume from their checkpoints with --resume)"
             )
         )
+
+    async def _restart(self, dead: Worker, code: int | str) -> None:
+        """Start worker ``dead.index`` again and continue its episodes there, each from
+        its newest checkpoint (its parked snapshot, its last per-turn checkpoint, or what
+        it was dispatched with): the scheduler's futures never see the death."""
+        self.restarts_left -= 1
+        self.worker_restarts += 1
+        self.metrics.count("rollout_worker_restarts")
+        running = dict(dead.running)
+        logger.warning(
+            "rollout worker %d (pid %s) died with exit code %s; starting it again (%d restart(s) "
+            "left); its %d episode(s) continue from their checkpoints",
+            dead.index,
+            dead.process.pid,
+            code,
+            self.restarts_left,
+            len(running),
+        )
+        self._workers.remove(dead)
+        dead.channel.close()
+        for (index, n), task in list(self._generations.items()):
+            if index == dead.index:  # nobody waits for these answers any more
+                task.cancel()
+                self._generations.pop((index, n), None)
+        await self._spawn(dead.index)
+        worker = self._workers_by_index()[dead.index]
+        worker.channel.send(
+            ("gate", self.admission.is_set(), self.admission.epoch, self.client.version)
+        )
+        for key, episode_id in running.items():
+            if key not in self._results:  # ended meanwhile (cancelled)
+                continue
+            self._prompts.forget((dead.index, episode_id))
+            worker.running[key] = episode_id
+            worker.channel.send(self._continuation(key, episode_id))
+
+    def _continuation(self, key: int, episode_id: str) -> tuple[Any, ...]:
+        """How episode ``episode_id`` (dispatch ``key``) continues on a new worker."""
+        parked = self._parked.pop(episode_id, None)
+        latest = self._latest.get(episode_id)
+        if parked is not None and parked.snapshot is not None:
+            partial: PartialEpisode | None = parked.snapshot
+        else:
+            partial = latest.decoded() if latest is not None else None
+        sent = self._sent[key]
+        if partial is None:
+            return (sent[0], key, *sent[1:])  # no checkpoint yet: as it was dispatched
+        progress = self.live.get(episode_id)
+        if progress is not None:
+            progress.set_phase("env")
+        return ("resume", key, partial, self.client.version)
 
     def _fail(self, failure: BaseException) -> None:
         """The first failure: every episode waiting on a worker fails with it."""
@@ -132,8 +200,11 @@ class WorkerMessages:
         elif what == "stopped":
             worker.cpu_s += message[1]
         elif what == "partial":
+            row = message[1]
+            if row.episode_id in self.live:  # kept for a restart of its worker
+                self._latest[row.episode_id] = row
             if self.checkpoint is not None:
-                self.checkpoint(message[1])
+                self.checkpoint(row)
         elif what == "parked":
             _, episode_id, epoch, snapshot, oldest, prefix, sampled = message
             if not self.admission.is_set() and epoch == self.admission.epoch:

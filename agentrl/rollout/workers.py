@@ -56,6 +56,7 @@ from agentrl.rollout.worker_spawn import Worker, spawn_worker
 from agentrl.runtime.background import BackgroundTasks
 from agentrl.runtime.metrics import Metrics
 from agentrl.runtime.tracing import ROLLOUT, EpisodeTrace
+from agentrl.store.schema import PartialRow
 from agentrl.types import PartialEpisode, Task, Trajectory
 
 logger = logging.getLogger(__name__)
@@ -100,6 +101,11 @@ class WorkerRunner(WorkerMessages):
             while a generation runs, ``paused`` while parked for a weight update, and
             ``env`` between generations (the worker's env, tool and template work).
         spawn: starts one worker: a local process, or a Ray actor (agentrl.cluster.workers).
+        env_servers: the env servers each worker opens its own pool of (None: envs are
+            made in the workers from Gymnasium's registry).
+        restarts: how many dead workers are started again during the run, their
+            episodes continuing there from their newest checkpoints (0: a dead worker
+            stops the run, and ``--resume`` continues it).
     """
 
     def __init__(
@@ -115,6 +121,7 @@ class WorkerRunner(WorkerMessages):
         tracer: Any = None,
         spawn: Callable[..., Awaitable[Worker]] = spawn_worker,
         env_servers: EnvServers | None = None,
+        restarts: int = 0,
     ) -> None:
         if config.workers < 2:
             raise ConfigError(
@@ -130,6 +137,11 @@ class WorkerRunner(WorkerMessages):
         self.imports = tuple(imports)
         self.tracer, self.spawn = tracer, spawn
         self.env_servers = env_servers
+        self.restarts_left = restarts
+        """Dead workers still to be started again (0: a dead worker stops the run)."""
+        self.worker_restarts = 0
+        self._sent: dict[int, tuple[Any, ...]] = {}
+        self._latest: dict[str, PartialRow] = {}
         self.live: dict[str, EpisodeProgress] = {}
         self._workers: list[Worker] = []
         self._keys = itertools.count()
@@ -264,6 +276,7 @@ class WorkerRunner(WorkerMessages):
         future: asyncio.Future[list[Trajectory]] = asyncio.get_running_loop().create_future()
         self._results[key] = future
         worker.running[key] = episode_id
+        self._sent[key] = what
         progress = self.live[episode_id] = EpisodeProgress(
             episode_id, env_id, started_version=version
         )
@@ -274,12 +287,17 @@ class WorkerRunner(WorkerMessages):
         try:
             return await future
         except asyncio.CancelledError:
-            if key in worker.running:
-                worker.channel.send(("cancel", key))
+            holder = self._holder(key)  # another worker than ``worker`` after a restart
+            if holder is not None:
+                holder.channel.send(("cancel", key))
             raise
         finally:
             self._results.pop(key, None)
-            worker.running.pop(key, None)
+            self._sent.pop(key, None)
+            self._latest.pop(episode_id, None)
+            holder = self._holder(key)
+            if holder is not None:
+                holder.running.pop(key, None)
             self._prompts.forget((worker.index, episode_id))
             if progress.trace is not None:
                 progress.trace.end()
@@ -334,6 +352,10 @@ class WorkerRunner(WorkerMessages):
     def _workers_by_index(self) -> dict[int, Worker]:
         return {w.index: w for w in self._workers}
 
+    def _holder(self, key: int) -> Worker | None:
+        """The worker running dispatch ``key`` now."""
+        return next((w for w in self._workers if key in w.running), None)
+
     def _gate_changed(self, is_open: bool) -> None:
         self._parked.clear()
         epoch = self.admission.epoch
@@ -356,6 +378,7 @@ async def open_runner(
     env: EnvConfig | None = None,
     env_targets: Sequence[Target] | None = None,
     spawn: Callable[..., Awaitable[Worker]] = spawn_worker,
+    restarts: int = 0,
 ) -> Runner:
     """The runner of a run: an :class:`EpisodeRunner` when ``config.workers`` is 1, else a
     started :class:`WorkerRunner` (closed by ``stack``).
@@ -403,5 +426,6 @@ async def open_runner(
         tracer=tracer,
         spawn=spawn,
         env_servers=servers,
+        restarts=restarts,
     )
     return await stack.enter_async_context(runner)

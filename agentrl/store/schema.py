@@ -276,6 +276,12 @@ class PartialRow:
         )
         return cls(p.episode_id, p.attempt, p.version, columns)  # type: ignore[arg-type]
 
+    def decoded(self) -> PartialEpisode:
+        """The checkpoint back as a :class:`~agentrl.types.PartialEpisode` (as the store
+        reads its row)."""
+        row = dict(zip((*ARRAY_DTYPES, "meta"), self.columns, strict=True))
+        return partial_from_row(row)  # type: ignore[arg-type]
+
 
 SegmentColumns = tuple[int, int, int, int, bytes, bytes, bytes, bytes, str]
 """A trajectory's ``trajectories`` row as :meth:`EpisodeStore.save_episodes` writes it,

@@ -40,7 +40,7 @@ class RayTestCluster:
     """"node_a" / "node_b" -> the node (its ``node_id``)."""
 
     def node_name(self, node_id: str) -> str:
-        """"node_a" / "node_b", or "head" (the head node, where the driver runs)."""
+        """ "node_a" / "node_b", or "head" (the head node, where the driver runs)."""
         return next((name for name, n in self.nodes.items() if n.node_id == node_id), "head")
 
 
