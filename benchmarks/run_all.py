@@ -1,6 +1,10 @@
 """`make bench`: every benchmark, each in its own process, then one Markdown report.
 
-    python benchmarks/run_all.py            # about 10 minutes on 2 CPU cores
+    python benchmarks/run_all.py
+
+On 2 CPU cores: about 15 minutes where the CPU computes bf16 natively (AMX, AVX-512
+BF16), about 50 where it does not (AVX2 only: the trainer benchmark's bf16 modes are
+emulated, 40-70 s a step against 3 s in fp32).
 
 Writes ``benchmarks/results/*.json`` (one per benchmark: machine, versions, settings,
 figures) and ``benchmarks/results/report.md``: the docs site's benchmarks page
