@@ -19,7 +19,7 @@ help:
 	@echo "make demo-multiturn  install, then the multi-turn demo: guess a number from higher/lower replies"
 	@echo "make test     install, then run the whole test suite (real vLLM on CPU)"
 	@echo "make soak     install, then run every fault-injection test, long ones included; prints the fault table"
-	@echo "make bench    install, then run the benchmarks (15-50 minutes on 2 cores; see benchmarks/run_all.py)"
+	@echo "make bench    install, then run the benchmarks (20-50 minutes on 2 cores; see benchmarks/run_all.py)"
 	@echo "make ablation install, then the off-policy corrections under forced staleness (about an hour)"
 	@echo "make lint     ruff, and the import layers (lint-imports)"
 	@echo "make docs     build the docs site into site/ (mkdocs --strict; reference pages from the code)"

@@ -2,9 +2,9 @@
 
     python benchmarks/run_all.py
 
-On 2 CPU cores: about 15 minutes where the CPU computes bf16 natively (AMX, AVX-512
-BF16), about 50 where it does not (AVX2 only: the trainer benchmark's bf16 modes are
-emulated, 40-70 s a step against 3 s in fp32).
+On 2 CPU cores: about 20 minutes, plus the trainer benchmark: a few minutes where the
+CPU computes bf16 natively (AMX, AVX-512 BF16), 30 where it does not (AVX2 only: its
+bf16 modes are emulated, 40-70 s a step against 3 s in fp32; 49 minutes in all).
 
 Writes ``benchmarks/results/*.json`` (one per benchmark: machine, versions, settings,
 figures) and ``benchmarks/results/report.md``: the docs site's benchmarks page
