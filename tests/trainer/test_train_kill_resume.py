@@ -37,7 +37,8 @@ def consumed_steps(db: Path) -> int:
         conn.close()
 
 
-@pytest.mark.soak  # about 110 s; `make test` kills and resumes runs in tests/rollout/test_crash_resume.py
+# about 110 s: in `make soak`; `make test` kills and resumes runs in test_crash_resume.py
+@pytest.mark.soak
 @pytest.mark.vllm
 def test_sigkill_during_training_then_resume_trains_each_task_once(
     tmp_path: Path, model_cache: Path, record_fault: Any
