@@ -14,6 +14,7 @@ which it also prints. ``make docs`` builds the same page into the site.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -37,6 +38,17 @@ BENCHMARKS = [
 ]
 
 
+def progress_lines(text: str) -> list[str]:
+    """The scripts' progress lines (indented two spaces), without the source lines Python
+    prints under a library's warning."""
+    lines, previous = [], ""
+    for line in text.splitlines():
+        if line.startswith("  ") and not re.search(r":\d+: \w+Warning: ", previous):
+            lines.append(line)
+        previous = line
+    return lines
+
+
 def main() -> int:
     from benchmarks.common import RESULTS
     from benchmarks.docs_page import page
@@ -54,9 +66,8 @@ def main() -> int:
                 stderr=subprocess.STDOUT,
                 cwd=HERE.parent,
             )
-        for line in log.read_text().splitlines():
-            if line.startswith("  "):  # the scripts' progress lines
-                print(line, flush=True)
+        for line in progress_lines(log.read_text()):
+            print(line, flush=True)
         if proc.returncode != 0:
             failed.append(name)
             print(f"   FAILED (exit {proc.returncode}); see {log}", flush=True)

@@ -102,3 +102,16 @@ def test_save_writes_the_result_file_and_the_markdown_when_asked(tmp_path, monke
     assert (tmp_path / "demo.md").read_text() == "| a |\n"
     common.save("plain", {}, {}, "| b |")
     assert not (tmp_path / "plain.md").exists()
+
+
+def test_make_bench_echoes_progress_lines_not_a_warnings_source_line() -> None:
+    from benchmarks.run_all import progress_lines
+
+    log = (
+        "platform overhead: 64 episodes\n"
+        "/x/dispatcher.py:138: FutureWarning: `reduce_op` is deprecated\n"
+        '  if hasattr(value, "__dict__"):\n'
+        "[W1207 10:14:24 utils.cpp:68] Warning: NUMA binding\n"  # not Python's: kept
+        "  round 1: raw 4,711 tok/s\n"
+    )
+    assert progress_lines(log) == ["  round 1: raw 4,711 tok/s"]
