@@ -201,7 +201,7 @@ class WorkerMessages:
             worker.cpu_s += message[1]
         elif what == "partial":
             row = message[1]
-            if row.episode_id in self.live:  # kept for a restart of its worker
+            if self.restarts_left > 0 and row.episode_id in self.live:  # for a restart
                 self._latest[row.episode_id] = row
             if self.checkpoint is not None:
                 self.checkpoint(row)

@@ -276,7 +276,8 @@ class WorkerRunner(WorkerMessages):
         future: asyncio.Future[list[Trajectory]] = asyncio.get_running_loop().create_future()
         self._results[key] = future
         worker.running[key] = episode_id
-        self._sent[key] = what
+        if self.restarts_left > 0:  # what a restarted worker would start it from
+            self._sent[key] = what
         progress = self.live[episode_id] = EpisodeProgress(
             episode_id, env_id, started_version=version
         )
