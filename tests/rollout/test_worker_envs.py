@@ -74,6 +74,26 @@ def _rollout() -> RolloutConfig:
     )
 
 
+async def _open(
+    stack: contextlib.AsyncExitStack,
+    tokenizer: Any,  # noqa: F811
+    writer: StoreWriter,
+    **env: Any,
+) -> Any:
+    """Two workers on the fake engine; ``env``: open_runner's env servers arguments."""
+    return await open_runner(
+        stack,
+        SlowClient(tokenizer),
+        tokenizer,
+        _rollout(),
+        model=ModelConfig(),
+        imports=(),  # the workers never import the env: the servers run it
+        metrics=Metrics(),
+        checkpoint=writer.partial,
+        **env,
+    )
+
+
 async def test_workers_run_their_episodes_on_the_env_servers(
     tokenizer: Any,  # noqa: F811
     two_servers: list[str],
@@ -82,15 +102,10 @@ async def test_workers_run_their_episodes_on_the_env_servers(
     env = EnvConfig(id="bench/Echo-v0", urls=two_servers)
     store = EpisodeStore.open(tmp_path / "store")
     async with StoreWriter(store) as writer, contextlib.AsyncExitStack() as stack:
-        runner = await open_runner(
+        runner = await _open(
             stack,
-            SlowClient(tokenizer),
             tokenizer,
-            _rollout(),
-            model=ModelConfig(),
-            imports=(),  # the workers never import the env: the servers run it
-            metrics=Metrics(),
-            checkpoint=writer.partial,
+            writer,
             make=lambda *a, **k: None,  # the main process's pool (unused by the workers)
             env=env,
         )
@@ -116,15 +131,10 @@ async def test_worker_relays_follow_a_server_that_moves(
     env = EnvConfig(id="bench/Echo-v0", urls=["http://10.255.255.1:1", "http://10.255.255.1:2"])
     store = EpisodeStore.open(tmp_path / "store")
     async with StoreWriter(store) as writer, contextlib.AsyncExitStack() as stack:
-        runner = await open_runner(
+        runner = await _open(
             stack,
-            SlowClient(tokenizer),
             tokenizer,
-            _rollout(),
-            model=ModelConfig(),
-            imports=(),
-            metrics=Metrics(),
-            checkpoint=writer.partial,
+            writer,
             env=env,
             env_targets=[addresses[0], None],  # server 1 down (or not placed yet)
         )
